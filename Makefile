@@ -1,0 +1,45 @@
+# Every target creates the virtual environment first; `make demo` and `make test` work on a clean clone.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench data checkpoints eval clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m yue2_jobs.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check yue2_jobs tests benchmarks
+
+bench: $(STAMP)
+	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
+
+# Rebuild the corpora from the pinned packages and check they match the committed ones.
+data: $(STAMP)
+	$(PY) -m yue2_jobs.model.data --out data
+	cd data && sha256sum --check SHA256SUMS
+	git diff --exit-code --stat -- data && echo "data/ is byte-identical to the committed corpora"
+
+# Retrain the shipped checkpoints (about 40 minutes on 2 CPU cores; both are committed).
+checkpoints: $(STAMP)
+	$(PY) -m yue2_jobs train --corpus general --out checkpoints/base --ar-steps 1500 --nar-steps 300 --confidence-steps 150
+	$(PY) -m yue2_jobs train --corpus legal --init checkpoints/base --out checkpoints/legal --ar-steps 600 --nar-steps 200 --confidence-steps 100 --warmup 50 --lr 5e-4
+
+eval: $(STAMP)
+	$(PY) -m yue2_jobs eval checkpoints/base --set general --set legal
+	$(PY) -m yue2_jobs eval checkpoints/legal --set general --set legal
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""The shipped `base` and `legal` checkpoints: size, loading, and the domain claim."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoModelForSeq2SeqLM
+
+from tests.model.conftest import ROOT
+from yue2_jobs.cli import main as cli_main
+from yue2_jobs.model import Yue2ForConditionalGeneration
+from yue2_jobs.model.checkpoint import verify_checkpoint_dir
+from yue2_jobs.model.evaluate import evaluate_checkpoint
+
+CHECKPOINTS = ("base", "legal")
+EVAL_ROWS = 120
+
+
+@pytest.mark.parametrize("name", CHECKPOINTS)
+def test_checkpoint_is_small_verified_and_loads(name):
+    path = ROOT / "checkpoints" / name
+    files = verify_checkpoint_dir(path)
+    assert sum(int(f["size"]) for f in files.values()) <= 15 * 1024 * 1024
+    model = AutoModelForSeq2SeqLM.from_pretrained(path)
+    assert isinstance(model, Yue2ForConditionalGeneration)
+
+
+@pytest.fixture(scope="module")
+def scores():
+    return {(ckpt, corpus): evaluate_checkpoint(ROOT / "checkpoints" / ckpt, data_dir=ROOT / "data", corpus=corpus,
+                                                limit=EVAL_ROWS)
+            for ckpt in CHECKPOINTS for corpus in ("general", "legal")}
+
+
+def test_each_variant_wins_on_its_own_domain(scores):
+    assert scores["legal", "legal"].rougeL > scores["base", "legal"].rougeL
+    assert scores["base", "general"].rougeL > scores["legal", "general"].rougeL
+
+
+def test_eval_command_prints_the_table(capsys):
+    assert cli_main(["eval", str(ROOT / "checkpoints" / "base"), "--set", "legal", "--limit", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ROUGE-1" in out and "ROUGE-L" in out and "legal" in out
+
+
+def test_summarize_command(capsys):
+    text = "The licensee may copy and distribute the software provided this notice is kept intact."
+    assert cli_main(["summarize", str(ROOT / "checkpoints" / "legal"), text]) == 0
+    assert '"summary":' in capsys.readouterr().out

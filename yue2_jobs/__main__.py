@@ -1,0 +1,5 @@
+import sys
+
+from yue2_jobs.cli import main
+
+sys.exit(main())

@@ -1,0 +1,43 @@
+"""`make demo`: summarise held-out texts with the shipped `base` and `legal` checkpoints.
+
+Runs in-process on the CPU with no servers: the embedded default until the job pipeline
+lands. Shows each checkpoint on both eval sets, beside the reference summary.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from yue2_jobs.model.data import read_split
+from yue2_jobs.model.evaluate import summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES_PER_SET = 3
+
+
+def main() -> None:
+    hf_logging.disable_progress_bar()
+    examples = {c: read_split(ROOT / "data", c, "eval")[:EXAMPLES_PER_SET] for c in ("general", "legal")}
+    for name in ("base", "legal"):
+        path = ROOT / "checkpoints" / name
+        model = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        print(f"=== checkpoint {name} ({path.relative_to(ROOT)}, mode ar)")
+        for corpus, rows in examples.items():
+            t0 = time.perf_counter()
+            preds = summarize(model, tokenizer, [r["text"] for r in rows], mode="ar")
+            dt = time.perf_counter() - t0
+            print(f"--- {corpus} eval set, {len(rows)} texts in {dt:.2f}s")
+            for row, pred in zip(rows, preds, strict=True):
+                print(f"  input:     {row['text'][:100]}…")
+                print(f"  reference: {row['summary']}")
+                print(f"  {name:<9}  {pred}")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,421 @@
+"""YuE2: an encoder–decoder transformer with an AR decoder branch and a NAR drafter.
+
+The whole forward pass lives here. Shapes: B batch, S encoder length, T decoder length,
+K = nar_block_size draft slots, C = d_model, H heads, D = C // H head width, V vocab.
+
+The encoder and AR branch are BART-shaped (post-LN blocks, learned positions offset by 2),
+so a BART checkpoint converts losslessly. The NAR branch reads the AR hidden state at
+position t plus the embedding of the token chosen there, and drafts tokens t+2 .. t+K+1 in
+one pass; the confidence head scores each draft token. Both branches share the token
+embedding and the tied output projection.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_outputs import Seq2SeqLMOutput
+from transformers.utils import GENERATION_CONFIG_NAME
+
+from yue2_jobs.model.checkpoint import verify_checkpoint_dir, write_manifest
+from yue2_jobs.model.configuration_yue2 import Yue2Config
+
+POSITION_OFFSET = 2  # BART reserves the first two rows of its position table
+
+
+@dataclass
+class Yue2EncoderState:
+    """What the decoder needs of the encoder: per-layer cross-attention keys and values."""
+
+    hidden: torch.Tensor  # (B, S, C)
+    mask: torch.Tensor  # (B, 1, 1, S) bool, True where the key is a real token
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per AR layer: (B, H, S, D) twice
+    nar_cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per NAR layer
+
+
+class Yue2KVCache:
+    """Preallocated self-attention cache of one decoder layer (gpt-fast style)."""
+
+    def __init__(self, *, batch_size: int, num_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (batch_size, num_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, H, T_max, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v (B, H, T_new, D) at [start, start + T_new); return the filled prefix."""
+        end = start + k.shape[2]
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows `rows` (used to drop finished rows from a batch)."""
+        self.k = self.k.index_select(0, rows)
+        self.v = self.v.index_select(0, rows)
+
+
+def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    b, t, c = x.shape
+    return x.view(b, t, num_heads, c // num_heads).transpose(1, 2)  # (B, H, T, D)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)  # (B, T, C)
+
+
+class Yue2SelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, *, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                cache: Yue2KVCache | None = None, start: int = 0) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)  # (B, T, C) each
+        q, k, v = (_split_heads(t, self.num_heads) for t in (q, k, v))  # (B, H, T, D)
+        if cache is not None:
+            k, v = cache.update(start, k, v)  # (B, H, start + T, D)
+            t_new = q.shape[2]
+            if t_new > 1:
+                # Several new tokens at once: each sees the cache and the new tokens up to itself.
+                key_pos = torch.arange(k.shape[2], device=x.device)
+                query_pos = torch.arange(start, start + t_new, device=x.device)
+                attn_mask, is_causal = key_pos[None, :] <= query_pos[:, None], False  # (T_new, T_all)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
+        return self.out_proj(_merge_heads(y))
+
+
+class Yue2CrossAttention(nn.Module):
+    """Attention from decoder queries to encoder states; K/V are computed once per input."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def project_kv(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv_proj(enc).chunk(2, dim=-1)  # (B, S, C) each
+        return _split_heads(k, self.num_heads), _split_heads(v, self.num_heads)  # (B, H, S, D)
+
+    def forward(self, x: torch.Tensor, *, kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        q = _split_heads(self.q_proj(x), self.num_heads)  # (B, H, T, D)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
+        return self.out_proj(_merge_heads(y))
+
+
+class Yue2FeedForward(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, activation_dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.act = ACT2FN[activation]
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(self.act(self.fc1(x)), p=self.activation_dropout, training=self.training)
+        return self.fc2(h)
+
+
+class Yue2EncoderLayer(nn.Module):
+    def __init__(self, config: Yue2Config) -> None:
+        super().__init__()
+        c = config.d_model
+        self.dropout = config.dropout
+        self.self_attn = Yue2SelfAttention(c, config.encoder_attention_heads, config.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(c)
+        self.ffn = Yue2FeedForward(c, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
+        self.final_layer_norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.self_attn_layer_norm(x + F.dropout(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
+        return self.final_layer_norm(x + F.dropout(self.ffn(x), self.dropout, self.training))
+
+
+class Yue2DecoderLayer(nn.Module):
+    """AR block: causal self-attention (cached at inference), cross-attention, feed-forward."""
+
+    def __init__(self, config: Yue2Config) -> None:
+        super().__init__()
+        c = config.d_model
+        self.dropout = config.dropout
+        self.self_attn = Yue2SelfAttention(c, config.decoder_attention_heads, config.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(c)
+        self.encoder_attn = Yue2CrossAttention(c, config.decoder_attention_heads, config.attention_dropout)
+        self.encoder_attn_layer_norm = nn.LayerNorm(c)
+        self.ffn = Yue2FeedForward(c, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+        self.final_layer_norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor, *, cross_kv: tuple[torch.Tensor, torch.Tensor], enc_mask: torch.Tensor,
+                cache: Yue2KVCache | None = None, start: int = 0) -> torch.Tensor:
+        drop = self.dropout if self.training else 0.0
+        a = self.self_attn(x, is_causal=cache is None, cache=cache, start=start)
+        x = self.self_attn_layer_norm(x + F.dropout(a, drop))
+        x = self.encoder_attn_layer_norm(x + F.dropout(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), drop))
+        return self.final_layer_norm(x + F.dropout(self.ffn(x), drop))
+
+
+class Yue2NarLayer(nn.Module):
+    """NAR block: bidirectional attention among the K draft slots of one position,
+    cross-attention to the encoder, feed-forward."""
+
+    def __init__(self, config: Yue2Config) -> None:
+        super().__init__()
+        c = config.d_model
+        self.block_size = config.nar_block_size
+        self.dropout = config.dropout
+        self.self_attn = Yue2SelfAttention(c, config.decoder_attention_heads, config.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(c)
+        self.encoder_attn = Yue2CrossAttention(c, config.decoder_attention_heads, config.attention_dropout)
+        self.encoder_attn_layer_norm = nn.LayerNorm(c)
+        self.ffn = Yue2FeedForward(c, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
+        self.final_layer_norm = nn.LayerNorm(c)
+
+    def forward(self, x: torch.Tensor, *, cross_kv: tuple[torch.Tensor, torch.Tensor],
+                enc_mask: torch.Tensor) -> torch.Tensor:
+        b, tk, c = x.shape  # (B, T*K, C): queries of every position, K slots each
+        drop = self.dropout if self.training else 0.0
+        blocks = x.reshape(b * tk // self.block_size, self.block_size, c)  # (B*T, K, C)
+        a = self.self_attn(blocks).reshape(b, tk, c)
+        x = self.self_attn_layer_norm(x + F.dropout(a, drop))
+        # Cross-attention needs no per-position grouping: every query reads the same encoder.
+        x = self.encoder_attn_layer_norm(x + F.dropout(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), drop))
+        return self.final_layer_norm(x + F.dropout(self.ffn(x), drop))
+
+
+class Yue2ConfidenceHead(nn.Module):
+    """p(accept) for each draft token, from the NAR hidden state and the draft's own certainty."""
+
+    def __init__(self, config: Yue2Config) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model + 2, config.confidence_hidden_dim)
+        self.fc2 = nn.Linear(config.confidence_hidden_dim, 1)
+
+    def forward(self, nar_hidden: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+        logp = draft_logits.float().log_softmax(-1)  # (..., V)
+        top_logp = logp.max(-1, keepdim=True).values  # (..., 1)
+        entropy = -(logp.exp() * logp).sum(-1, keepdim=True)  # (..., 1)
+        feats = torch.cat([nar_hidden, top_logp.to(nar_hidden.dtype), entropy.to(nar_hidden.dtype)], dim=-1)
+        return self.fc2(F.gelu(self.fc1(feats))).squeeze(-1)  # (...) logits of p(accept)
+
+
+class Yue2PreTrainedModel(PreTrainedModel):
+    config: Yue2Config
+    config_class = Yue2Config
+    base_model_prefix = "yue2"
+    main_input_name = "input_ids"
+    _no_split_modules = ["Yue2EncoderLayer", "Yue2DecoderLayer", "Yue2NarLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, Yue2ForConditionalGeneration):
+            init.zeros_(module.final_logits_bias)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], *model_args: Any,
+                        **kwargs: Any) -> Any:
+        """Load a local YuE2 checkpoint after verifying its manifest; pickle weights are refused."""
+        verify_checkpoint_dir(pretrained_model_name_or_path)
+        kwargs["use_safetensors"] = True
+        model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        if (Path(pretrained_model_name_or_path) / GENERATION_CONFIG_NAME).is_file():
+            model.generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path)
+        return model
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
+        """Save as Hugging Face does, add generation_config.json, then write the manifest last."""
+        kwargs["safe_serialization"] = True
+        super().save_pretrained(save_directory, *args, **kwargs)
+        self.generation_config.save_pretrained(save_directory)
+        write_manifest(save_directory)
+
+
+class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
+    """Encoder + AR decoder branch + NAR drafter + confidence head, one shared vocabulary."""
+
+    def __init__(self, config: Yue2Config) -> None:
+        super().__init__(config)
+        c, positions = config.d_model, config.max_position_embeddings + POSITION_OFFSET
+        self.embed_scale = math.sqrt(c) if config.scale_embedding else 1.0
+        self.shared = nn.Embedding(config.vocab_size, c, padding_idx=config.pad_token_id)
+        self.encoder_embed_positions = nn.Embedding(positions, c)
+        self.encoder_layernorm_embedding = nn.LayerNorm(c)
+        self.encoder_layers = nn.ModuleList(Yue2EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.decoder_embed_positions = nn.Embedding(positions, c)
+        self.decoder_layernorm_embedding = nn.LayerNorm(c)
+        self.decoder_layers = nn.ModuleList(Yue2DecoderLayer(config) for _ in range(config.decoder_layers))
+        self.nar_slot_embed = nn.Embedding(config.nar_block_size, c)
+        self.nar_layernorm_embedding = nn.LayerNorm(c)
+        self.nar_layers = nn.ModuleList(Yue2NarLayer(config) for _ in range(config.nar_layers))
+        self.confidence_head = Yue2ConfidenceHead(config)
+        self.final_logits_bias = nn.Buffer(torch.zeros(1, config.vocab_size))
+        self.generation_config = default_generation_config(config)
+        self.post_init()
+
+    # ---- embeddings and output projection ------------------------------------------------
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+
+    def _embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.shared(ids)
+        return x * self.embed_scale if self.embed_scale != 1.0 else x
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Tied output projection: (..., C) -> (..., V)."""
+        return F.linear(hidden, self.shared.weight, self.final_logits_bias[0])
+
+    def _check_length(self, length: int, what: str) -> None:
+        if length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"{what} has {length} tokens; the limit (max_position_embeddings) is "
+                f"{self.config.max_position_embeddings}"
+            )
+
+    # ---- encoder ---------------------------------------------------------------------------
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Yue2EncoderState:
+        b, s = input_ids.shape
+        self._check_length(s, "input_ids")
+        if attention_mask is None:
+            attention_mask = input_ids.ne(self.config.pad_token_id)
+        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        pos = self.encoder_embed_positions.weight[POSITION_OFFSET : s + POSITION_OFFSET]  # (S, C)
+        x = self._embed_tokens(input_ids) + pos  # (B, S, C)
+        x = F.dropout(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return Yue2EncoderState(
+            hidden=x, mask=mask,
+            cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.decoder_layers],
+            nar_cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.nar_layers],
+        )
+
+    # ---- AR branch -------------------------------------------------------------------------
+
+    def decode(self, decoder_input_ids: torch.Tensor, enc: Yue2EncoderState, *,
+               caches: list[Yue2KVCache] | None = None, start: int = 0) -> torch.Tensor:
+        """AR decoder over tokens at positions [start, start + T); returns hidden (B, T, C).
+
+        Without caches the pass is causal over the whole sequence (training, scoring).
+        """
+        t = decoder_input_ids.shape[1]
+        self._check_length(start + t, "decoder sequence")
+        pos = self.decoder_embed_positions.weight[start + POSITION_OFFSET : start + t + POSITION_OFFSET]  # (T, C)
+        x = self._embed_tokens(decoder_input_ids) + pos  # (B, T, C)
+        x = F.dropout(self.decoder_layernorm_embedding(x), self.config.dropout, self.training)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, cross_kv=enc.cross_kv[i], enc_mask=enc.mask,
+                      cache=None if caches is None else caches[i], start=start)
+        return x
+
+    def new_caches(self, *, batch_size: int, max_len: int) -> list[Yue2KVCache]:
+        cfg = self.config
+        self._check_length(max_len, "decoder sequence")
+        p = self.shared.weight
+        return [
+            Yue2KVCache(batch_size=batch_size, num_heads=cfg.decoder_attention_heads, max_len=max_len,
+                        head_dim=cfg.d_model // cfg.decoder_attention_heads, dtype=p.dtype, device=p.device)
+            for _ in range(cfg.decoder_layers)
+        ]
+
+    # ---- NAR branch --------------------------------------------------------------------------
+
+    def draft_hidden(self, ar_hidden: torch.Tensor, next_tokens: torch.Tensor,
+                     enc: Yue2EncoderState) -> torch.Tensor:
+        """NAR hidden states of the K draft slots after each position, in one pass.
+
+        ar_hidden (B, T, C): AR hidden state at positions t; next_tokens (B, T): the token
+        chosen at t + 1 (AR argmax at inference, the AR's own choice in training).
+        Returns (B, T, K, C); slot j drafts the token at t + 2 + j.
+        """
+        b, t, c = ar_hidden.shape
+        k = self.config.nar_block_size
+        base = ar_hidden + self._embed_tokens(next_tokens)  # (B, T, C)
+        x = base[:, :, None, :] + self.nar_slot_embed.weight  # (B, T, K, C)
+        x = F.dropout(self.nar_layernorm_embedding(x), self.config.dropout, self.training)
+        x = x.reshape(b, t * k, c)  # (B, T*K, C)
+        for i, layer in enumerate(self.nar_layers):
+            x = layer(x, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
+        return x.reshape(b, t, k, c)
+
+    def draft(self, ar_hidden: torch.Tensor, next_tokens: torch.Tensor,
+              enc: Yue2EncoderState) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft logits (B, T, K, V) for tokens t+2 .. t+K+1 and confidence logits (B, T, K)."""
+        x = self.draft_hidden(ar_hidden, next_tokens, enc)  # (B, T, K, C)
+        logits = self.lm_logits(x)  # (B, T, K, V)
+        return logits, self.confidence_head(x, logits)
+
+    # ---- the Hugging Face entry point ---------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs: object,
+    ) -> Seq2SeqLMOutput:
+        """Teacher-forced AR pass: logits (B, T, V) and, with `labels`, the cross-entropy loss."""
+        if input_ids is None:
+            raise ValueError("input_ids is required")
+        if decoder_input_ids is None:
+            if labels is None:
+                raise ValueError("pass decoder_input_ids or labels")
+            decoder_input_ids = shift_tokens_right(labels, pad_token_id=self.config.pad_token_id,
+                                                   decoder_start_token_id=self.config.decoder_start_token_id)
+        enc = self.encode(input_ids, attention_mask)
+        logits = self.lm_logits(self.decode(decoder_input_ids, enc))  # (B, T, V)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=enc.hidden)
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 **kwargs: object) -> torch.Tensor:
+        """Generate with YuE2's own decoder loop; see `yue2_jobs.model.generation.generate`."""
+        from yue2_jobs.model.generation import generate
+
+        return generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)  # type: ignore[arg-type]
+
+
+def default_generation_config(config: Yue2Config) -> GenerationConfig:
+    """Greedy decoding that ends every row with EOS at the length limit, as BART does."""
+    return GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
+        forced_eos_token_id=config.eos_token_id, num_beams=1, do_sample=False,
+    )
+
+
+def shift_tokens_right(labels: torch.Tensor, *, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs for teacher forcing: start token, then labels shifted right (-100 -> pad)."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)

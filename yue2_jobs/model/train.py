@@ -1,0 +1,320 @@
+"""Train a YuE2 checkpoint in three stages.
+
+1. AR: teacher-forced cross-entropy on (text -> summary) pairs; every weight trains.
+2. NAR: encoder and AR branch frozen; the AR branch greedily decodes every training input
+   and the NAR branch learns to draft those sequences (self-distillation: hard AR-argmax
+   targets plus KL to the AR distribution at the drafted position).
+3. Confidence: only the confidence head trains, on "draft token == AR argmax"; a
+   reliability table on held-out inputs shows its calibration.
+
+Seeded and deterministic: batch order and dropout are functions of (seed, step), so a run
+resumed from its last save continues exactly as it would have. `--init CKPT` fine-tunes an
+existing checkpoint (that is how `legal` is made from `base`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
+from yue2_jobs.model.checkpoint import save_checkpoint
+from yue2_jobs.model.data import read_split
+from yue2_jobs.model.generation import generate
+from yue2_jobs.model.tokenizer import train_tokenizer
+
+STAGES = ("ar", "nar", "confidence")
+
+
+@dataclass
+class TrainArgs:
+    data: str
+    corpus: str
+    out: str
+    init: str | None = None
+    preset: str = "tiny"
+    vocab_size: int = 4096
+    ar_steps: int = 1500
+    nar_steps: int = 400
+    confidence_steps: int = 200
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup: int = 100
+    max_source_tokens: int = 256
+    max_target_tokens: int = 48
+    seed: int = 0
+    device: str = "auto"
+    save_every: int = 250
+    threads: int = 0
+    stop_after: int = 0  # stop (saving resumable state) after this many steps of this run; 0 = never
+
+    def identity(self) -> dict[str, object]:
+        """The arguments a resumed run must share with the run it continues."""
+        return {k: v for k, v in asdict(self).items() if k not in ("stop_after", "threads", "save_every")}
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]], args: TrainArgs) -> list[tuple[list[int], list[int]]]:
+    src = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_source_tokens)["input_ids"]
+    tgt = tokenizer([r["summary"] for r in rows], truncation=True, max_length=args.max_target_tokens)["input_ids"]
+    return list(zip(src, tgt, strict=True))
+
+
+def _collate(pairs: list[tuple[list[int], list[int]]], pad: int, device: torch.device) -> dict[str, torch.Tensor]:
+    s_len, t_len = max(len(s) for s, _ in pairs), max(len(t) for _, t in pairs)
+    ids = torch.full((len(pairs), s_len), pad, dtype=torch.long)
+    labels = torch.full((len(pairs), t_len), -100, dtype=torch.long)
+    for i, (s, t) in enumerate(pairs):
+        ids[i, : len(s)] = torch.tensor(s)
+        labels[i, : len(t)] = torch.tensor(t)
+    return {"input_ids": ids.to(device), "attention_mask": ids.ne(pad).to(device), "labels": labels.to(device)}
+
+
+def _batch_for_step(n_items: int, step: int, batch_size: int, seed: int) -> list[int]:
+    """Indices of the batch at `step`: a seeded permutation per epoch, so resuming is exact."""
+    per_epoch = max(1, n_items // batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = list(range(n_items))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[k * batch_size : (k + 1) * batch_size]
+
+
+def _lr_at(step: int, total: int, args: TrainArgs) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    progress = (step - args.warmup) / max(1, total - args.warmup)
+    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn.Parameter]:
+    for p in model.parameters():
+        p.requires_grad_(stage == "ar")
+    if stage == "nar":
+        for mod in (model.nar_slot_embed, model.nar_layernorm_embedding, model.nar_layers):
+            mod.requires_grad_(True)
+    if stage == "confidence":
+        model.confidence_head.requires_grad_(True)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+@torch.no_grad()
+def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
+                          args: TrainArgs, device: torch.device, desc: str) -> list[tuple[list[int], list[int]]]:
+    """Replace each target with the AR branch's own greedy output for that input."""
+    model.eval()
+    out: list[tuple[list[int], list[int]]] = []
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
+    results: dict[int, list[int]] = {}
+    for start in tqdm(range(0, len(order), 64), desc=desc, leave=False):
+        idx = order[start : start + 64]
+        batch = _collate([pairs[i] for i in idx], pad, device)
+        seqs = generate(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                        max_new_tokens=args.max_target_tokens)[:, 1:].tolist()
+        for i, seq in zip(idx, seqs, strict=True):
+            cut = seq.index(eos) + 1 if eos in seq else len(seq)
+            results[i] = seq[:cut]
+    for i, (src, _) in enumerate(pairs):
+        out.append((src, results[i]))
+    return out
+
+
+def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """For every valid draft slot: draft logits, confidence logits, AR-argmax target, AR log-probs.
+
+    Only slots whose target lies inside the AR sequence are projected to the vocabulary,
+    which is most of the cost of this stage.
+    """
+    cfg, k = model.config, model.config.nar_block_size
+    labels = batch["labels"]  # (B, T): AR greedy sequence, -100 after its EOS
+    b, t = labels.shape
+    with torch.no_grad():
+        enc = model.encode(batch["input_ids"], batch["attention_mask"])
+        dec_in = labels.masked_fill(labels == -100, cfg.pad_token_id)
+        dec_in = torch.cat([torch.full_like(dec_in[:, :1], cfg.decoder_start_token_id), dec_in[:, :-1]], 1)
+        hidden = model.decode(dec_in, enc)  # (B, T, C)
+        ar_logp = model.lm_logits(hidden).float().log_softmax(-1)  # (B, T, V)
+        next_tok = ar_logp.argmax(-1)  # (B, T): AR choice at each position
+        # Slot j at position t drafts label index t + 1 + j.
+        idx = torch.arange(t, device=labels.device)[:, None] + 1 + torch.arange(k, device=labels.device)  # (T, K)
+        idx_c = idx.clamp(max=t - 1)
+        valid = (idx < t)[None] & (labels[:, idx_c] != -100) & (labels != -100)[:, :, None]  # (B, T, K)
+        target_logp = ar_logp[:, idx_c][valid]  # (N, V)
+    # The NAR cross-attention projections train in stage 2, so they are recomputed with grad.
+    enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_layers]
+    slots = model.draft_hidden(hidden, next_tok, enc)[valid]  # (N, C)
+    draft_logits = model.lm_logits(slots)  # (N, V)
+    return draft_logits, model.confidence_head(slots, draft_logits), target_logp.argmax(-1), target_logp
+
+
+def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    if stage == "ar":
+        return model(**batch).loss
+    draft_logits, conf_logits, target, target_logp = _nar_batch(model, batch)
+    if stage == "nar":
+        logp = draft_logits.float().log_softmax(-1)  # (N, V)
+        kl = F.kl_div(logp, target_logp, log_target=True, reduction="batchmean")
+        return F.nll_loss(logp, target) + 0.5 * kl
+    accepted = (draft_logits.argmax(-1) == target).float()
+    return F.binary_cross_entropy_with_logits(conf_logits, accepted)
+
+
+@torch.no_grad()
+def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
+                      device: torch.device, bins: int = 10) -> str:
+    """Calibration of the confidence head: predicted p(accept) vs observed acceptance, per bin."""
+    model.eval()
+    probs, hits = [], []
+    for start in range(0, len(pairs), 64):
+        batch = _collate(pairs[start : start + 64], model.config.pad_token_id, device)
+        draft_logits, conf_logits, target, _ = _nar_batch(model, batch)
+        probs.append(conf_logits.sigmoid().cpu())
+        hits.append((draft_logits.argmax(-1) == target).float().cpu())
+    p, h = torch.cat(probs), torch.cat(hits)
+    lines = ["  p(accept) bin   count   mean p   accepted", "  -------------   -----   ------   --------"]
+    ece = 0.0
+    for i in range(bins):
+        lo, hi = i / bins, (i + 1) / bins
+        m = (p >= lo) & ((p < hi) if i < bins - 1 else (p <= hi))
+        if m.any():
+            ece += m.sum().item() / len(p) * abs(p[m].mean().item() - h[m].mean().item())
+            lines.append(f"  [{lo:.1f}, {hi:.1f})    {int(m.sum()):6d}   {p[m].mean():.3f}    {h[m].mean():.3f}")
+    thr = model.config.nar_threshold
+    above = p >= thr
+    lines.append(f"  draft tokens: {len(p)}, accepted by AR argmax: {h.mean():.3f}, ECE: {ece:.3f}")
+    if above.any():
+        lines.append(f"  at nar_threshold {thr}: {above.float().mean():.3f} of drafts pass, "
+                     f"{h[above].mean():.3f} of those match the AR argmax")
+    return "\n".join(lines)
+
+
+def _load_or_init(args: TrainArgs, texts: list[str]) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
+    if args.init:
+        return Yue2ForConditionalGeneration.from_pretrained(args.init), AutoTokenizer.from_pretrained(args.init)
+    cfg = Yue2Config.from_preset(args.preset)
+    tokenizer = train_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_position_embeddings)
+    torch.manual_seed(args.seed)
+    return Yue2ForConditionalGeneration(cfg), tokenizer
+
+
+def train(args: TrainArgs) -> Path | None:
+    """Run (or resume) training; returns the checkpoint path, or None when stopped by stop_after."""
+    torch.use_deterministic_algorithms(True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = _device(args.device)
+    out = Path(args.out)
+    state_dir = out.with_name(out.name + ".train-state")
+    train_rows = read_split(args.data, args.corpus, "train")
+    eval_rows = read_split(args.data, args.corpus, "eval")
+    model, tokenizer = _load_or_init(args, [r["text"] + "\n" + r["summary"] for r in train_rows])
+    model.to(device)
+    done = {"stage": STAGES[0], "step": 0}
+    meta_path = state_dir / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["args"] != args.identity():
+            raise SystemExit(f"{state_dir} holds a run with other arguments; delete it or pass the same ones")
+        model.load_state_dict(load_file(state_dir / "model.safetensors", device=str(device)))
+        tokenizer = AutoTokenizer.from_pretrained(state_dir / "tokenizer")
+        done = {"stage": meta["stage"], "step": meta["step"]}
+        print(f"resuming from {state_dir}: stage {done['stage']}, step {done['step']}")
+    pairs = _encode(tokenizer, train_rows, args)
+    eval_pairs = _encode(tokenizer, eval_rows, args)
+    steps = {"ar": args.ar_steps, "nar": args.nar_steps, "confidence": args.confidence_steps}
+    budget = args.stop_after or -1
+    for stage in STAGES[STAGES.index(done["stage"]):]:
+        start = done["step"] if stage == done["stage"] else 0
+        if start >= steps[stage]:
+            continue
+        params = _trainable(model, stage)
+        opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+        if start and (state_dir / "optimizer.pt").is_file():
+            opt.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
+        data = pairs if stage == "ar" else _self_distill_targets(model, pairs, args, device, f"{stage}: AR targets")
+        bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage])
+        for step in bar:
+            if budget == 0:
+                _save_state(state_dir, model, tokenizer, opt, args, stage, step)
+                print(f"\nstopped after {args.stop_after} steps; run again with the same arguments to resume")
+                return None
+            budget -= 1
+            model.train()
+            torch.manual_seed(args.seed * 7919 + STAGES.index(stage) * 1_000_000 + step)
+            batch = _collate([data[i] for i in _batch_for_step(len(data), step, args.batch_size, args.seed)],
+                             model.config.pad_token_id, device)
+            for group in opt.param_groups:
+                group["lr"] = _lr_at(step, steps[stage], args)
+            loss = _stage_loss(model, stage, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if (step + 1) % args.save_every == 0 and step + 1 < steps[stage]:
+                _save_state(state_dir, model, tokenizer, opt, args, stage, step + 1)
+        bar.close()
+        nxt = STAGES.index(stage) + 1
+        if nxt < len(STAGES):
+            _save_state(state_dir, model, tokenizer, None, args, STAGES[nxt], 0)
+    model.eval()
+    print("confidence head reliability (held-out inputs, AR greedy sequences):")
+    print(reliability_table(model, _self_distill_targets(model, eval_pairs, args, device, "eval targets"), device))
+    model.to("cpu")
+    save_checkpoint(model, tokenizer, out)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    print(f"saved {out}")
+    return out
+
+
+def _save_state(state_dir: Path, model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
+                opt: torch.optim.Optimizer | None, args: TrainArgs, stage: str, step: int) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, state_dir / "model.safetensors")
+    tokenizer.save_pretrained(state_dir / "tokenizer")
+    if opt is not None:
+        torch.save(opt.state_dict(), state_dir / "optimizer.pt")
+    else:
+        (state_dir / "optimizer.pt").unlink(missing_ok=True)
+    tmp = state_dir / "meta.json.tmp"
+    tmp.write_text(json.dumps({"args": args.identity(), "stage": stage, "step": step}))
+    tmp.replace(state_dir / "meta.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainArgs(data="", corpus="", out="")
+    parser.add_argument("--data", default="data", help="directory built by `make data`")
+    parser.add_argument("--corpus", required=True, choices=["general", "legal"])
+    parser.add_argument("--out", required=True, help="checkpoint directory to write")
+    parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
+    for name in ("preset", "vocab_size", "ar_steps", "nar_steps", "confidence_steps", "batch_size", "lr",
+                 "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every", "threads",
+                 "stop_after"):
+        value = getattr(defaults, name)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    train(TrainArgs(**vars(parser.parse_args(argv))))
+
+
+if __name__ == "__main__":
+    main()
