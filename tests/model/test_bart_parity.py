@@ -67,3 +67,26 @@ def test_export_to_bart_is_the_inverse(varied_bart):
     back = bart_from_yue2(yue2_from_bart(varied_bart)).state_dict()
     for name, tensor in varied_bart.state_dict().items():
         assert torch.equal(back[name], tensor), name
+
+
+def test_scaled_embeddings_and_forced_bos_match_hf(bart_batch):
+    """bart-large-cnn style: sqrt(d_model) embedding scale and BOS forced as the first token."""
+    from transformers import BartConfig
+
+    from tests.model.conftest import BART_SHAPE
+
+    torch.manual_seed(4)
+    bart = BartForConditionalGeneration(BartConfig(**{**BART_SHAPE, "init_std": 0.05}, scale_embedding=True)).eval()
+    with torch.no_grad():
+        bart.final_logits_bias.normal_(0, 1.0)
+    bart.generation_config.forced_bos_token_id = 0
+    ids, mask = bart_batch
+    ours = yue2_from_bart(bart)
+    dec = torch.full((ids.shape[0], 5), 7)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   bart(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                                   atol=1e-4, rtol=0)
+    expected = _hf_greedy(bart, ids, mask)
+    assert (expected[:, 1] == 0).all()
+    assert torch.equal(generate(ours, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW), expected)

@@ -69,7 +69,7 @@ def test_unparseable_config_names_the_file(checkpoint):
 def test_truncated_weights_are_rejected(checkpoint):
     path = checkpoint / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-10])
-    with pytest.raises(CheckpointCorruptError, match="model.safetensors"):
+    with pytest.raises(CheckpointCorruptError, match=r"model\.safetensors"):
         AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
 
 
@@ -82,7 +82,7 @@ def test_missing_file_is_named(checkpoint, name):
 
 def test_unlisted_weights_are_rejected(checkpoint):
     (checkpoint / "model-extra.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes())
-    with pytest.raises(CheckpointCorruptError, match="model-extra.safetensors"):
+    with pytest.raises(CheckpointCorruptError, match=r"model-extra\.safetensors"):
         AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
 
 

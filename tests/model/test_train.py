@@ -20,8 +20,8 @@ def small_data(tmp_path_factory):
 
 
 def _args(small_data, out, **kw) -> TrainArgs:
-    fields = dict(batch_size=4, ar_steps=6, nar_steps=3, confidence_steps=2, warmup=2, max_source_tokens=48,
-                  max_target_tokens=12, save_every=100, threads=1)
+    fields = dict(batch_size=4, denoise_steps=2, ar_steps=4, nar_steps=3, confidence_steps=2, warmup=2,
+                  max_source_tokens=48, max_target_tokens=12, save_every=100, threads=1)
     return TrainArgs(data=str(small_data), corpus="general", out=str(out), **{**fields, **kw})
 
 
@@ -39,7 +39,7 @@ def test_seeded_runs_are_identical_and_resume_is_exact(small_data, tmp_path, cap
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
 
-    # Stop mid-AR-stage, then mid-NAR-stage, then finish: same weights as the straight run.
+    # Stop mid-AR-stage, then past the AR/NAR boundary, then finish: same weights as the straight run.
     resumed = tmp_path / "c"
     assert train(_args(small_data, resumed, stop_after=4)) is None
     assert train(_args(small_data, resumed, stop_after=3)) is None
@@ -52,7 +52,7 @@ def test_seeded_runs_are_identical_and_resume_is_exact(small_data, tmp_path, cap
 
 def test_stages_train_only_their_parts(small_data, tmp_path):
     base = train(_args(small_data, tmp_path / "base"))
-    tuned = train(_args(small_data, tmp_path / "tuned", init=str(base), ar_steps=0, nar_steps=0))
+    tuned = train(_args(small_data, tmp_path / "tuned", init=str(base), denoise_steps=0, ar_steps=0, nar_steps=0))
     before, after = _weights(base), _weights(tuned)
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and all(k.startswith("confidence_head.") for k in changed)
@@ -63,3 +63,18 @@ def test_resume_refuses_other_arguments(small_data, tmp_path):
     assert train(_args(small_data, out, stop_after=2)) is None
     with pytest.raises(SystemExit, match="other arguments"):
         train(_args(small_data, out, seed=1))
+
+
+def test_train_command_stops_and_resumes(small_data, tmp_path, capsys):
+    from yue2_jobs.cli import main as cli_main
+
+    out = tmp_path / "cli"
+    argv = ["train", "--data", str(small_data), "--corpus", "general", "--out", str(out), "--batch-size", "4",
+            "--denoise-steps", "2", "--ar-steps", "2", "--nar-steps", "1", "--confidence-steps", "1",
+            "--max-source-tokens", "32", "--max-target-tokens", "8", "--threads", "1"]
+    assert cli_main([*argv, "--stop-after", "3"]) == 0
+    assert "stopped after 3 steps" in capsys.readouterr().out
+    assert not out.exists()
+    assert cli_main(argv) == 0
+    assert "resuming from" in capsys.readouterr().out
+    assert (out / "manifest.json").is_file()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
@@ -75,7 +75,7 @@ class Yue2Config(PretrainedConfig):
     """
 
     model_type = "yue2"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
 
     def __init__(
         self,

@@ -35,11 +35,13 @@ _RENAMES = [
     (r"final_logits_bias", r"final_logits_bias"),
     (r"(encoder|decoder)_embed_positions\.weight", r"model.\1.embed_positions.weight"),
     (r"(encoder|decoder)_layernorm_embedding\.(weight|bias)", r"model.\1.layernorm_embedding.\2"),
-    (r"(encoder|decoder)_layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)", r"model.\1.layers.\2.self_attn.out_proj.\3"),
+    (r"(encoder|decoder)_layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)",
+     r"model.\1.layers.\2.self_attn.out_proj.\3"),
     (r"(encoder|decoder)_layers\.(\d+)\.(self_attn_layer_norm|final_layer_norm|encoder_attn_layer_norm)\.(weight|bias)",
      r"model.\1.layers.\2.\3.\4"),
     (r"(encoder|decoder)_layers\.(\d+)\.ffn\.(fc1|fc2)\.(weight|bias)", r"model.\1.layers.\2.\3.\4"),
-    (r"decoder_layers\.(\d+)\.encoder_attn\.(q_proj|out_proj)\.(weight|bias)", r"model.decoder.layers.\1.encoder_attn.\2.\3"),
+    (r"decoder_layers\.(\d+)\.encoder_attn\.(q_proj|out_proj)\.(weight|bias)",
+     r"model.decoder.layers.\1.encoder_attn.\2.\3"),
 ]
 # (YuE2 fused name pattern, BART prefix template, parts fused in order)
 _FUSED = [

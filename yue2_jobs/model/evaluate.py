@@ -55,7 +55,7 @@ def summarize(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenize
     """Greedy summaries in input order; inputs are length-sorted into batches to cut padding."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out: dict[int, str] = {}
-    max_len = model.config.max_position_embeddings
+    max_len = min(tokenizer.model_max_length, model.config.max_position_embeddings)
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         enc = tokenizer([texts[i] for i in idx], truncation=True, max_length=max_len, padding=True,

@@ -111,17 +111,17 @@ def _generate_ar(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
     tokens = input_ids.new_full((b, total), cfg.pad_token_id)  # (B, T_max)
     tokens[:, 0] = cfg.decoder_start_token_id
     finished = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
-    pad = torch.full_like(finished, cfg.pad_token_id, dtype=tokens.dtype)
+    forced = tokens.new_empty(b)
     length = 1
     for pos in range(total - 1):
         logits = decode_one_token(model, tokens[:, pos:pos + 1], enc, caches, position=pos)  # (B, V)
         if pos == 0 and gen.forced_bos_token_id is not None:
-            nxt = torch.full_like(pad, gen.forced_bos_token_id)
+            nxt = forced.fill_(gen.forced_bos_token_id)
         elif pos == total - 2 and gen.forced_eos_token_id is not None:
-            nxt = torch.full_like(pad, gen.forced_eos_token_id)
+            nxt = forced.fill_(gen.forced_eos_token_id)
         else:
             nxt = select_next_token(logits, params, generator)  # (B,)
-        nxt = torch.where(finished, pad, nxt)
+        nxt = nxt.masked_fill(finished, cfg.pad_token_id)
         tokens[:, pos + 1] = nxt
         length = pos + 2
         finished |= nxt == cfg.eos_token_id

@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +38,7 @@ class Yue2EncoderState:
     """What the decoder needs of the encoder: per-layer cross-attention keys and values."""
 
     hidden: torch.Tensor  # (B, S, C)
-    mask: torch.Tensor  # (B, 1, 1, S) bool, True where the key is a real token
+    mask: torch.Tensor | None  # (B, 1, 1, S) additive (0 or -inf); None when no key is padding
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per AR layer: (B, H, S, D) twice
     nar_cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per NAR layer
 
@@ -54,15 +54,20 @@ class Yue2KVCache:
 
     def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v (B, H, T_new, D) at [start, start + T_new); return the filled prefix."""
-        end = start + k.shape[2]
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-        return self.k[:, :, :end], self.v[:, :, :end]
+        t = k.shape[2]
+        self.k.narrow(2, start, t).copy_(k)
+        self.v.narrow(2, start, t).copy_(v)
+        return self.k.narrow(2, 0, start + t), self.v.narrow(2, 0, start + t)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows `rows` (used to drop finished rows from a batch)."""
         self.k = self.k.index_select(0, rows)
         self.v = self.v.index_select(0, rows)
+
+
+def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Dropout that costs nothing at inference (F.dropout still dispatches an op)."""
+    return F.dropout(x, p, True) if training and p > 0 else x
 
 
 def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -117,7 +122,8 @@ class Yue2CrossAttention(nn.Module):
         k, v = self.kv_proj(enc).chunk(2, dim=-1)  # (B, S, C) each
         return _split_heads(k, self.num_heads), _split_heads(v, self.num_heads)  # (B, H, S, D)
 
-    def forward(self, x: torch.Tensor, *, kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, kv: tuple[torch.Tensor, torch.Tensor],
+                mask: torch.Tensor | None) -> torch.Tensor:
         q = _split_heads(self.q_proj(x), self.num_heads)  # (B, H, T, D)
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
@@ -133,7 +139,7 @@ class Yue2FeedForward(nn.Module):
         self.activation_dropout = activation_dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.dropout(self.act(self.fc1(x)), p=self.activation_dropout, training=self.training)
+        h = _drop(self.act(self.fc1(x)), self.activation_dropout, self.training)
         return self.fc2(h)
 
 
@@ -147,9 +153,9 @@ class Yue2EncoderLayer(nn.Module):
         self.ffn = Yue2FeedForward(c, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
         self.final_layer_norm = nn.LayerNorm(c)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.self_attn_layer_norm(x + F.dropout(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
-        return self.final_layer_norm(x + F.dropout(self.ffn(x), self.dropout, self.training))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.self_attn_layer_norm(x + _drop(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
+        return self.final_layer_norm(x + _drop(self.ffn(x), self.dropout, self.training))
 
 
 class Yue2DecoderLayer(nn.Module):
@@ -166,13 +172,13 @@ class Yue2DecoderLayer(nn.Module):
         self.ffn = Yue2FeedForward(c, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
         self.final_layer_norm = nn.LayerNorm(c)
 
-    def forward(self, x: torch.Tensor, *, cross_kv: tuple[torch.Tensor, torch.Tensor], enc_mask: torch.Tensor,
+    def forward(self, x: torch.Tensor, *, cross_kv: tuple[torch.Tensor, torch.Tensor], enc_mask: torch.Tensor | None,
                 cache: Yue2KVCache | None = None, start: int = 0) -> torch.Tensor:
-        drop = self.dropout if self.training else 0.0
+        p, train = self.dropout, self.training
         a = self.self_attn(x, is_causal=cache is None, cache=cache, start=start)
-        x = self.self_attn_layer_norm(x + F.dropout(a, drop))
-        x = self.encoder_attn_layer_norm(x + F.dropout(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), drop))
-        return self.final_layer_norm(x + F.dropout(self.ffn(x), drop))
+        x = self.self_attn_layer_norm(x + _drop(a, p, train))
+        x = self.encoder_attn_layer_norm(x + _drop(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), p, train))
+        return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
 
 
 class Yue2NarLayer(nn.Module):
@@ -192,15 +198,15 @@ class Yue2NarLayer(nn.Module):
         self.final_layer_norm = nn.LayerNorm(c)
 
     def forward(self, x: torch.Tensor, *, cross_kv: tuple[torch.Tensor, torch.Tensor],
-                enc_mask: torch.Tensor) -> torch.Tensor:
+                enc_mask: torch.Tensor | None) -> torch.Tensor:
         b, tk, c = x.shape  # (B, T*K, C): queries of every position, K slots each
-        drop = self.dropout if self.training else 0.0
+        p, train = self.dropout, self.training
         blocks = x.reshape(b * tk // self.block_size, self.block_size, c)  # (B*T, K, C)
         a = self.self_attn(blocks).reshape(b, tk, c)
-        x = self.self_attn_layer_norm(x + F.dropout(a, drop))
+        x = self.self_attn_layer_norm(x + _drop(a, p, train))
         # Cross-attention needs no per-position grouping: every query reads the same encoder.
-        x = self.encoder_attn_layer_norm(x + F.dropout(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), drop))
-        return self.final_layer_norm(x + F.dropout(self.ffn(x), drop))
+        x = self.encoder_attn_layer_norm(x + _drop(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), p, train))
+        return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
 
 
 class Yue2ConfidenceHead(nn.Module):
@@ -224,13 +230,17 @@ class Yue2PreTrainedModel(PreTrainedModel):
     config_class = Yue2Config
     base_model_prefix = "yue2"
     main_input_name = "input_ids"
-    _no_split_modules = ["Yue2EncoderLayer", "Yue2DecoderLayer", "Yue2NarLayer"]
+    _no_split_modules: ClassVar[list[str]] = ["Yue2EncoderLayer", "Yue2DecoderLayer", "Yue2NarLayer"]
     _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
         if isinstance(module, Yue2ForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
+            # Sinusoids (scaled to the token embeddings' size) instead of noise: nearby positions
+            # start out similar, so cross-attention learns to align and copy much sooner.
+            for table in (module.encoder_embed_positions, module.decoder_embed_positions):
+                init.copy_(table.weight, _sinusoids(*table.weight.shape) * self.config.init_std * math.sqrt(2))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], *model_args: Any,
@@ -299,14 +309,18 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
     # ---- encoder ---------------------------------------------------------------------------
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Yue2EncoderState:
-        b, s = input_ids.shape
+        s = input_ids.shape[1]
         self._check_length(s, "input_ids")
         if attention_mask is None:
             attention_mask = input_ids.ne(self.config.pad_token_id)
-        mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, S)
+        keep = attention_mask.bool()
+        mask = None  # padding-free batches skip masking in every attention call
+        if not bool(keep.all()):
+            mask = torch.zeros(keep.shape, dtype=self.shared.weight.dtype, device=keep.device)
+            mask = mask.masked_fill(~keep, float("-inf"))[:, None, None, :]  # (B, 1, 1, S)
         pos = self.encoder_embed_positions.weight[POSITION_OFFSET : s + POSITION_OFFSET]  # (S, C)
         x = self._embed_tokens(input_ids) + pos  # (B, S, C)
-        x = F.dropout(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
+        x = _drop(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
         for layer in self.encoder_layers:
             x = layer(x, mask)
         return Yue2EncoderState(
@@ -327,7 +341,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         self._check_length(start + t, "decoder sequence")
         pos = self.decoder_embed_positions.weight[start + POSITION_OFFSET : start + t + POSITION_OFFSET]  # (T, C)
         x = self._embed_tokens(decoder_input_ids) + pos  # (B, T, C)
-        x = F.dropout(self.decoder_layernorm_embedding(x), self.config.dropout, self.training)
+        x = _drop(self.decoder_layernorm_embedding(x), self.config.dropout, self.training)
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, cross_kv=enc.cross_kv[i], enc_mask=enc.mask,
                       cache=None if caches is None else caches[i], start=start)
@@ -357,7 +371,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         k = self.config.nar_block_size
         base = ar_hidden + self._embed_tokens(next_tokens)  # (B, T, C)
         x = base[:, :, None, :] + self.nar_slot_embed.weight  # (B, T, K, C)
-        x = F.dropout(self.nar_layernorm_embedding(x), self.config.dropout, self.training)
+        x = _drop(self.nar_layernorm_embedding(x), self.config.dropout, self.training)
         x = x.reshape(b, t * k, c)  # (B, T*K, C)
         for i, layer in enumerate(self.nar_layers):
             x = layer(x, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
@@ -402,6 +416,14 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         from yue2_jobs.model.generation import generate
 
         return generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)  # type: ignore[arg-type]
+
+
+def _sinusoids(length: int, dim: int) -> torch.Tensor:
+    pos = torch.arange(length, dtype=torch.float32)[:, None]  # (L, 1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))  # (C/2,)
+    table = torch.zeros(length, dim)
+    table[:, 0::2], table[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
+    return table  # (L, C)
 
 
 def default_generation_config(config: Yue2Config) -> GenerationConfig:

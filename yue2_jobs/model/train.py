@@ -1,5 +1,7 @@
 """Train a YuE2 checkpoint in three stages.
 
+0. Denoise (optional, for fresh models): reconstruct the opening of each input from a
+   masked copy, so cross-attention learns to read the input before summarising.
 1. AR: teacher-forced cross-entropy on (text -> summary) pairs; every weight trains.
 2. NAR: encoder and AR branch frozen; the AR branch greedily decodes every training input
    and the NAR branch learns to draft those sequences (self-distillation: hard AR-argmax
@@ -19,6 +21,7 @@ import json
 import math
 import random
 import shutil
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,7 +37,7 @@ from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
 from yue2_jobs.model.tokenizer import train_tokenizer
 
-STAGES = ("ar", "nar", "confidence")
+STAGES = ("denoise", "ar", "nar", "confidence")
 
 
 @dataclass
@@ -45,13 +48,14 @@ class TrainArgs:
     init: str | None = None
     preset: str = "tiny"
     vocab_size: int = 4096
+    denoise_steps: int = 0
     ar_steps: int = 1500
     nar_steps: int = 400
     confidence_steps: int = 200
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 2e-3
     warmup: int = 100
-    max_source_tokens: int = 256
+    max_source_tokens: int = 128
     max_target_tokens: int = 48
     seed: int = 0
     device: str = "auto"
@@ -70,7 +74,8 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]], args: TrainArgs) -> list[tuple[list[int], list[int]]]:
+def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]],
+            args: TrainArgs) -> list[tuple[list[int], list[int]]]:
     src = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_source_tokens)["input_ids"]
     tgt = tokenizer([r["summary"] for r in rows], truncation=True, max_length=args.max_target_tokens)["input_ids"]
     return list(zip(src, tgt, strict=True))
@@ -95,6 +100,24 @@ def _batch_for_step(n_items: int, step: int, batch_size: int, seed: int) -> list
     return order[k * batch_size : (k + 1) * batch_size]
 
 
+def _denoising_pairs(pairs: list[tuple[list[int], list[int]]], args: TrainArgs,
+                     config: Yue2Config) -> list[tuple[list[int], list[int]]]:
+    """Reconstruct the opening of each input from a copy with 15% of its tokens masked.
+
+    A tiny model trained on summaries alone learns the target-side language prior and barely
+    reads the encoder; reconstruction first teaches cross-attention to find and copy input
+    tokens, which summarisation then builds on (BART's denoising pretraining, in miniature).
+    """
+    rng = random.Random(args.seed)
+    special = {config.bos_token_id, config.eos_token_id, config.pad_token_id}
+    out = []
+    for src, _ in pairs:
+        noisy = [config.unk_token_id if t not in special and rng.random() < 0.15 else t for t in src]
+        target = src[: args.max_target_tokens - 1]
+        out.append((noisy, target if target[-1] == config.eos_token_id else [*target, config.eos_token_id]))
+    return out
+
+
 def _lr_at(step: int, total: int, args: TrainArgs) -> float:
     if step < args.warmup:
         return args.lr * (step + 1) / args.warmup
@@ -104,7 +127,7 @@ def _lr_at(step: int, total: int, args: TrainArgs) -> float:
 
 def _trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn.Parameter]:
     for p in model.parameters():
-        p.requires_grad_(stage == "ar")
+        p.requires_grad_(stage in ("denoise", "ar"))
     if stage == "nar":
         for mod in (model.nar_slot_embed, model.nar_layernorm_embedding, model.nar_layers):
             mod.requires_grad_(True)
@@ -143,7 +166,7 @@ def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tenso
     """
     cfg, k = model.config, model.config.nar_block_size
     labels = batch["labels"]  # (B, T): AR greedy sequence, -100 after its EOS
-    b, t = labels.shape
+    t = labels.shape[1]
     with torch.no_grad():
         enc = model.encode(batch["input_ids"], batch["attention_mask"])
         dec_in = labels.masked_fill(labels == -100, cfg.pad_token_id)
@@ -164,7 +187,7 @@ def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tenso
 
 
 def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    if stage == "ar":
+    if stage in ("denoise", "ar"):
         return model(**batch).loss
     draft_logits, conf_logits, target, target_logp = _nar_batch(model, batch)
     if stage == "nar":
@@ -237,7 +260,8 @@ def train(args: TrainArgs) -> Path | None:
         print(f"resuming from {state_dir}: stage {done['stage']}, step {done['step']}")
     pairs = _encode(tokenizer, train_rows, args)
     eval_pairs = _encode(tokenizer, eval_rows, args)
-    steps = {"ar": args.ar_steps, "nar": args.nar_steps, "confidence": args.confidence_steps}
+    steps = {"denoise": args.denoise_steps, "ar": args.ar_steps, "nar": args.nar_steps,
+             "confidence": args.confidence_steps}
     budget = args.stop_after or -1
     for stage in STAGES[STAGES.index(done["stage"]):]:
         start = done["step"] if stage == done["stage"] else 0
@@ -247,8 +271,14 @@ def train(args: TrainArgs) -> Path | None:
         opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
         if start and (state_dir / "optimizer.pt").is_file():
             opt.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
-        data = pairs if stage == "ar" else _self_distill_targets(model, pairs, args, device, f"{stage}: AR targets")
-        bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage])
+        if stage == "denoise":
+            data = _denoising_pairs(pairs, args, model.config)
+        elif stage == "ar":
+            data = pairs
+        else:
+            data = _self_distill_targets(model, pairs, args, device, f"{stage}: AR targets")
+        bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage],
+                   mininterval=0.2 if sys.stderr.isatty() else 30.0)
         for step in bar:
             if budget == 0:
                 _save_state(state_dir, model, tokenizer, opt, args, stage, step)
@@ -266,7 +296,7 @@ def train(args: TrainArgs) -> Path | None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
             if (step + 1) % args.save_every == 0 and step + 1 < steps[stage]:
                 _save_state(state_dir, model, tokenizer, opt, args, stage, step + 1)
         bar.close()
@@ -277,6 +307,8 @@ def train(args: TrainArgs) -> Path | None:
     print("confidence head reliability (held-out inputs, AR greedy sequences):")
     print(reliability_table(model, _self_distill_targets(model, eval_pairs, args, device, "eval targets"), device))
     model.to("cpu")
+    # Positions beyond the training length are untrained: inference truncates inputs there.
+    tokenizer.model_max_length = args.max_source_tokens
     save_checkpoint(model, tokenizer, out)
     shutil.rmtree(state_dir, ignore_errors=True)
     print(f"saved {out}")
@@ -303,8 +335,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", required=True, choices=["general", "legal"])
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
-    for name in ("preset", "vocab_size", "ar_steps", "nar_steps", "confidence_steps", "batch_size", "lr",
-                 "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every", "threads",
+    for name in ("preset", "vocab_size", "denoise_steps", "ar_steps", "nar_steps", "confidence_steps", "batch_size",
+                 "lr", "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every", "threads",
                  "stop_after"):
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
