@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, BartConfig, BartForConditionalGeneration
+from transformers import BartConfig, BartForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
+from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
@@ -103,8 +104,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     base_dir = Path(args.checkpoint)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    base = AutoModelForSeq2SeqLM.from_pretrained(base_dir).eval()
+    base, tokenizer = load_checkpoint(base_dir)
     random_bart = _random_bart(base.config.vocab_size)
     pairs = [
         ("converted-bart (random, d=256, 3+3 layers)", yue2_from_bart(random_bart), random_bart),

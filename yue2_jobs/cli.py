@@ -42,13 +42,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
 
 def _cmd_summarize(args: argparse.Namespace) -> None:
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
+    from yue2_jobs.model.checkpoint import load_checkpoint
     from yue2_jobs.model.evaluate import summarize
 
+    model, tokenizer = load_checkpoint(args.checkpoint)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.checkpoint).eval()
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     for text, summary in zip(texts, summarize(model, tokenizer, texts, max_new_tokens=args.max_new_tokens,
                                               mode=args.mode), strict=True):
         print(json.dumps({"input": text[:80] + ("…" if len(text) > 80 else ""), "summary": summary},

@@ -9,9 +9,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
+from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.evaluate import summarize
 
@@ -24,8 +24,7 @@ def main() -> None:
     examples = {c: read_split(ROOT / "data", c, "eval")[:EXAMPLES_PER_SET] for c in ("general", "legal")}
     for name in ("base", "legal"):
         path = ROOT / "checkpoints" / name
-        model = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        model, tokenizer = load_checkpoint(path)
         print(f"=== checkpoint {name} ({path.relative_to(ROOT)}, mode ar)")
         for corpus, rows in examples.items():
             t0 = time.perf_counter()

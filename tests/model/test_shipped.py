@@ -42,6 +42,11 @@ def test_eval_command_prints_the_table(capsys):
     assert "ROUGE-1" in out and "ROUGE-L" in out and "legal" in out
 
 
+def test_missing_checkpoint_is_a_clear_command_error(tmp_path, capsys):
+    assert cli_main(["summarize", str(tmp_path / "absent"), "text"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
 def test_summarize_command(capsys):
     text = "The licensee may copy and distribute the software provided this notice is kept intact."
     assert cli_main(["summarize", str(ROOT / "checkpoints" / "legal"), text]) == 0

@@ -90,6 +90,22 @@ def verify_checkpoint_dir(directory: str | os.PathLike[str]) -> dict[str, dict[s
     return files
 
 
+def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
+    """Model (in eval mode) and tokenizer of a local checkpoint directory.
+
+    A path that is not a directory gets a CheckpointError here; otherwise transformers would
+    take it for a hub repository name and fail with a confusing message.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise CheckpointFileMissingError(f"checkpoint directory {str(root)!r} does not exist", path=str(root))
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import yue2_jobs.model  # noqa: F401  (registers yue2 with the Auto classes)
+
+    return AutoModelForSeq2SeqLM.from_pretrained(root).eval(), AutoTokenizer.from_pretrained(root)
+
+
 def save_checkpoint(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None,
                     directory: str | os.PathLike[str]) -> Path:
     """Write tokenizer, weights, config and generation config, then the manifest."""

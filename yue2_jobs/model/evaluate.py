@@ -12,8 +12,9 @@ from pathlib import Path
 
 import torch
 from rouge_score import rouge_scorer
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
+from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 
@@ -68,8 +69,7 @@ def summarize(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenize
 
 def evaluate_checkpoint(checkpoint: str | Path, *, data_dir: str | Path, corpus: str, limit: int | None = None,
                         batch_size: int = 32, max_new_tokens: int = 48) -> RougeResult:
-    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint).eval()
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model, tokenizer = load_checkpoint(checkpoint)
     rows = read_split(data_dir, corpus, "eval")[:limit]
     preds = summarize(model, tokenizer, [r["text"] for r in rows], batch_size=batch_size,
                       max_new_tokens=max_new_tokens)
