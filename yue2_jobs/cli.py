@@ -32,11 +32,12 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         r = evaluate_checkpoint(args.checkpoint, data_dir=args.data, corpus=corpus, limit=args.limit,
                                 batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
         rows.append({"checkpoint": str(args.checkpoint), "set": corpus, "n": r.count,
-                     "rouge1": r.rouge1, "rouge2": r.rouge2, "rougeL": r.rougeL})
-    print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8}")
+                     "rouge1": r.rouge1, "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct})
+    print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8} {'distinct':>9}")
     for row in rows:
         print(f"{Path(row['checkpoint']).name:<24} {row['set']:<8} {row['n']:>5} "
-              f"{100 * row['rouge1']:>8.2f} {100 * row['rouge2']:>8.2f} {100 * row['rougeL']:>8.2f}")
+              f"{100 * row['rouge1']:>8.2f} {100 * row['rouge2']:>8.2f} {100 * row['rougeL']:>8.2f} "
+              f"{100 * row['distinct']:>8.1f}%")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 

@@ -51,4 +51,5 @@ def test_rouge_scores_chinese_where_the_default_tokenizer_cannot():
     assert rouge_scorer.RougeScorer(["rouge1"]).score(ref, pred)["rouge1"].fmeasure == 0.0
     result = rouge([pred], [ref])
     assert result.rouge1 == pytest.approx(4 / 6)
+    assert rouge([pred, pred], [ref, pred]).distinct == 0.5
     assert CjkAwareTokenizer().tokenize("Hello 世界!") == ["hello", "世", "界"]

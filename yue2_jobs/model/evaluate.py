@@ -35,6 +35,7 @@ class RougeResult:
     rouge2: float
     rougeL: float
     count: int
+    distinct: float = 1.0  # share of unique predictions: low means outputs ignore the input
 
 
 def rouge(predictions: list[str], references: list[str]) -> RougeResult:
@@ -47,7 +48,7 @@ def rouge(predictions: list[str], references: list[str]) -> RougeResult:
         for key, score in scorer.score(ref, pred).items():
             totals[key] += score.fmeasure
     n = len(predictions)
-    return RougeResult(totals["rouge1"] / n, totals["rouge2"] / n, totals["rougeL"] / n, n)
+    return RougeResult(totals["rouge1"] / n, totals["rouge2"] / n, totals["rougeL"] / n, n, len(set(predictions)) / n)
 
 
 @torch.inference_mode()
