@@ -90,3 +90,9 @@ def test_scaled_embeddings_and_forced_bos_match_hf(bart_batch):
     expected = _hf_greedy(bart, ids, mask)
     assert (expected[:, 1] == 0).all()
     assert torch.equal(generate(ours, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW), expected)
+
+
+def test_convert_bart_command_names_a_missing_source(tmp_path, capsys):
+    assert cli_main(["convert-bart", str(tmp_path / "absent"), str(tmp_path / "out")]) == 2
+    assert "absent" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
