@@ -59,11 +59,6 @@ class Yue2KVCache:
         self.v.narrow(2, start, t).copy_(v)
         return self.k.narrow(2, 0, start + t), self.v.narrow(2, 0, start + t)
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only batch rows `rows` (used to drop finished rows from a batch)."""
-        self.k = self.k.index_select(0, rows)
-        self.v = self.v.index_select(0, rows)
-
 
 def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Dropout that costs nothing at inference (F.dropout still dispatches an op)."""
