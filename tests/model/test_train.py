@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -38,6 +40,7 @@ def test_seeded_runs_are_identical_and_resume_is_exact(small_data, tmp_path, cap
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    assert json.loads((first / "tokenizer.json").read_text())["truncation"] is None
 
     # Stop mid-AR-stage, then past the AR/NAR boundary, then finish: same weights as the straight run.
     resumed = tmp_path / "c"

@@ -1,11 +1,13 @@
-"""The YuE2 model. Importing this package registers `yue2` with the transformers Auto classes."""
+"""The YuE2 model. Importing this package registers `yue2` with the transformers Auto classes
+(config, seq2seq model, tokenizer)."""
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from yue2_jobs.model.configuration_yue2 import PRESETS, Yue2Config
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 
 AutoConfig.register("yue2", Yue2Config, exist_ok=True)
 AutoModelForSeq2SeqLM.register(Yue2Config, Yue2ForConditionalGeneration, exist_ok=True)
+AutoTokenizer.register(Yue2Config, fast_tokenizer_class=PreTrainedTokenizerFast, exist_ok=True)
 
 __all__ = ["PRESETS", "Yue2Config", "Yue2ForConditionalGeneration"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>"]
 
@@ -31,6 +31,22 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int, model_max_length: 
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", bos), ("</s>", eos)]
     )
+    return _wrap(tok, model_max_length)
+
+
+def clean_copy(tokenizer: PreTrainedTokenizerBase, *, model_max_length: int) -> PreTrainedTokenizerFast:
+    """The same vocabulary without the truncation/padding state that encoding calls leave behind.
+
+    Calling a fast tokenizer with `truncation=True, max_length=N` sets that truncation on the
+    backend, and `save_pretrained` would write it into tokenizer.json.
+    """
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_truncation()
+    backend.no_padding()
+    return _wrap(backend, model_max_length)
+
+
+def _wrap(tok: Tokenizer, model_max_length: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>",

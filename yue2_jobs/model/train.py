@@ -35,7 +35,7 @@ from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import save_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
-from yue2_jobs.model.tokenizer import train_tokenizer
+from yue2_jobs.model.tokenizer import clean_copy, train_tokenizer
 
 STAGES = ("denoise", "ar", "nar", "confidence")
 
@@ -308,8 +308,7 @@ def train(args: TrainArgs) -> Path | None:
     print(reliability_table(model, _self_distill_targets(model, eval_pairs, args, device, "eval targets"), device))
     model.to("cpu")
     # Positions beyond the training length are untrained: inference truncates inputs there.
-    tokenizer.model_max_length = args.max_source_tokens
-    save_checkpoint(model, tokenizer, out)
+    save_checkpoint(model, clean_copy(tokenizer, model_max_length=args.max_source_tokens), out)
     shutil.rmtree(state_dir, ignore_errors=True)
     print(f"saved {out}")
     return out
