@@ -84,10 +84,12 @@ def test_too_long_input_names_the_limit(tiny_yue2, tiny_config):
         generate(tiny_yue2, input_ids=ids)
 
 
-def test_output_length_is_capped_by_positions(tiny_yue2, tiny_config):
+def test_output_length_limit_is_explicit(tiny_yue2, tiny_config):
     ids = torch.full((1, 4), 5)
-    out = generate(tiny_yue2, input_ids=ids, max_new_tokens=10_000)
-    assert out.shape[1] <= tiny_config.max_position_embeddings
+    limit = tiny_config.max_position_embeddings - 1
+    with pytest.raises(ValueError, match=f"between 1 and {limit}"):
+        generate(tiny_yue2, input_ids=ids, max_new_tokens=limit + 1)
+    assert generate(tiny_yue2, input_ids=ids, max_new_tokens=limit).shape[1] <= limit + 1
 
 
 def test_nar_draft_shapes_and_confidence(tiny_yue2, batch, tiny_config):

@@ -14,6 +14,7 @@ import torch
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache
 
 MODES = ("ar", "hybrid", "hybrid_fast", "nar")
+DEFAULT_MAX_NEW_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ def generate(
     *,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
-    max_new_tokens: int = 64,
+    max_new_tokens: int | None = None,
     mode: str = "ar",
     do_sample: bool = False,
     temperature: float = 1.0,
@@ -84,13 +85,19 @@ def generate(
 
     Returns (B, 1 + n) token ids that start with the decoder start token, as Hugging Face's
     `generate` does; rows that finished early are padded with `pad_token_id`.
+    `max_new_tokens` defaults to 64 (or less, for a model with fewer positions); a larger
+    value than the model's positions allow is an error, never silently cut.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode != "ar":
         raise NotImplementedError(f"mode {mode!r} is not implemented yet; only 'ar' is available")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    limit = model.config.max_position_embeddings - 1  # the start token takes one position
+    if max_new_tokens is None:
+        max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, limit)
+    if not 1 <= max_new_tokens <= limit:
+        raise ValueError(f"max_new_tokens must be between 1 and {limit} (max_position_embeddings - 1), "
+                         f"got {max_new_tokens}")
     params = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     generator = None
     if do_sample:
@@ -105,7 +112,7 @@ def _generate_ar(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
                  generator: torch.Generator | None) -> torch.Tensor:
     cfg, gen = model.config, model.generation_config
     b = input_ids.shape[0]
-    total = min(1 + max_new_tokens, cfg.max_position_embeddings)
+    total = 1 + max_new_tokens
     enc = prefill(model, input_ids, attention_mask)
     caches = model.new_caches(batch_size=b, max_len=total)
     tokens = input_ids.new_full((b, total), cfg.pad_token_id)  # (B, T_max)
