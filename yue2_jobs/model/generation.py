@@ -46,9 +46,9 @@ def select_next_token(logits: torch.Tensor, params: SamplingParams,
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
+        sorted_probs = sorted_logits.softmax(-1)
         # Drop a token when the mass before it already reaches top_p (the best one always stays).
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= params.top_p
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
     probs = logits.softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

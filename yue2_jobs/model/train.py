@@ -1,4 +1,4 @@
-"""Train a YuE2 checkpoint in three stages.
+"""Train a YuE2 checkpoint in stages (an optional denoising stage, then three).
 
 0. Denoise (optional, for fresh models): reconstruct the opening of each input from a
    masked copy, so cross-attention learns to read the input before summarising.
@@ -35,6 +35,7 @@ from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import save_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
+from yue2_jobs.model.modeling_yue2 import shift_tokens_right
 from yue2_jobs.model.tokenizer import clean_copy, train_tokenizer
 
 STAGES = ("denoise", "ar", "nar", "confidence")
@@ -141,7 +142,6 @@ def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple
                           args: TrainArgs, device: torch.device, desc: str) -> list[tuple[list[int], list[int]]]:
     """Replace each target with the AR branch's own greedy output for that input."""
     model.eval()
-    out: list[tuple[list[int], list[int]]] = []
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
     order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
     results: dict[int, list[int]] = {}
@@ -153,9 +153,7 @@ def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple
         for i, seq in zip(idx, seqs, strict=True):
             cut = seq.index(eos) + 1 if eos in seq else len(seq)
             results[i] = seq[:cut]
-    for i, (src, _) in enumerate(pairs):
-        out.append((src, results[i]))
-    return out
+    return [(src, results[i]) for i, (src, _) in enumerate(pairs)]
 
 
 def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -169,8 +167,8 @@ def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tenso
     t = labels.shape[1]
     with torch.no_grad():
         enc = model.encode(batch["input_ids"], batch["attention_mask"])
-        dec_in = labels.masked_fill(labels == -100, cfg.pad_token_id)
-        dec_in = torch.cat([torch.full_like(dec_in[:, :1], cfg.decoder_start_token_id), dec_in[:, :-1]], 1)
+        dec_in = shift_tokens_right(labels, pad_token_id=cfg.pad_token_id,
+                                    decoder_start_token_id=cfg.decoder_start_token_id)
         hidden = model.decode(dec_in, enc)  # (B, T, C)
         ar_logp = model.lm_logits(hidden).float().log_softmax(-1)  # (B, T, V)
         next_tok = ar_logp.argmax(-1)  # (B, T): AR choice at each position
@@ -227,10 +225,13 @@ def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[lis
     return "\n".join(lines)
 
 
-def _load_or_init(args: TrainArgs, texts: list[str]) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
+def _load_or_init(args: TrainArgs, texts: list[str],
+                  state_dir: Path) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
     if args.init:
         return Yue2ForConditionalGeneration.from_pretrained(args.init), AutoTokenizer.from_pretrained(args.init)
     cfg = Yue2Config.from_preset(args.preset)
+    if (state_dir / "meta.json").is_file():  # resuming: the saved state holds weights and tokenizer
+        return Yue2ForConditionalGeneration(cfg), AutoTokenizer.from_pretrained(state_dir / "tokenizer")
     tokenizer = train_tokenizer(texts, vocab_size=cfg.vocab_size, model_max_length=cfg.max_position_embeddings)
     torch.manual_seed(args.seed)
     return Yue2ForConditionalGeneration(cfg), tokenizer
@@ -246,7 +247,7 @@ def train(args: TrainArgs) -> Path | None:
     state_dir = out.with_name(out.name + ".train-state")
     train_rows = read_split(args.data, args.corpus, "train")
     eval_rows = read_split(args.data, args.corpus, "eval")
-    model, tokenizer = _load_or_init(args, [r["text"] + "\n" + r["summary"] for r in train_rows])
+    model, tokenizer = _load_or_init(args, [r["text"] + "\n" + r["summary"] for r in train_rows], state_dir)
     model.to(device)
     done = {"stage": STAGES[0], "step": 0}
     meta_path = state_dir / "meta.json"
