@@ -102,3 +102,42 @@ def test_nar_draft_shapes_and_confidence(tiny_yue2, batch, tiny_config):
     assert logits.shape == (4, 3, k, tiny_config.vocab_size)
     assert conf.shape == (4, 3, k)
     assert torch.isfinite(conf).all()
+
+
+def test_decode_step_equals_the_general_decoder(tiny_yue2, batch):
+    ids, mask = batch
+    dec = torch.randint(4, tiny_yue2.config.vocab_size, (ids.shape[0], 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        enc = tiny_yue2.encode(ids, mask)
+        general, fast = (tiny_yue2.new_caches(batch_size=ids.shape[0], max_len=6) for _ in range(2))
+        layout = tiny_yue2.step_layout()
+        for pos in range(6):
+            expected = tiny_yue2.lm_logits(tiny_yue2.decode(dec[:, pos : pos + 1], enc, caches=general, start=pos))
+            got = tiny_yue2.decode_step(dec[:, pos], enc, caches=fast, position=pos, layout=layout)
+            torch.testing.assert_close(got, expected[:, 0], atol=1e-5, rtol=1e-5)
+        for a, b in zip(general, fast, strict=True):
+            torch.testing.assert_close(a.k, b.k, atol=1e-6, rtol=0)
+
+
+def test_step_layout_follows_weight_changes(tiny_config, batch):
+    """A stale copy of the weights would decode with the old model after a load or an update."""
+    from yue2_jobs.model import Yue2ForConditionalGeneration
+
+    ids, mask = batch
+    torch.manual_seed(1)
+    first, second = (Yue2ForConditionalGeneration(tiny_config).eval() for _ in range(2))
+    with torch.no_grad():
+        for m in (first, second):
+            m.final_logits_bias.normal_(0, 1.0)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=10)
+    expected = generate(second, **kw)
+    assert not torch.equal(generate(first, **kw), expected)  # also builds first's layout
+    layout = first.step_layout()
+    assert first.step_layout() is layout  # unchanged weights: reused
+    first.load_state_dict(second.state_dict())
+    assert first.step_layout() is not layout
+    assert torch.equal(generate(first, **kw), expected)
+    with torch.no_grad():  # an in-place update, as an optimizer step makes
+        first.decoder_layers[0].ffn.fc1.weight.mul_(3.0)
+        second.decoder_layers[0].ffn.fc1.weight.mul_(3.0)
+    assert torch.equal(generate(first, **kw), generate(second, **kw))

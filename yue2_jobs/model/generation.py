@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache
+from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache, Yue2StepLayout
 
 MODES = ("ar", "hybrid", "hybrid_fast", "nar")
 DEFAULT_MAX_NEW_TOKENS = 64
@@ -61,10 +61,9 @@ def prefill(model: Yue2ForConditionalGeneration, input_ids: torch.Tensor,
 
 
 def decode_one_token(model: Yue2ForConditionalGeneration, token: torch.Tensor, enc: Yue2EncoderState,
-                     caches: list[Yue2KVCache], *, position: int) -> torch.Tensor:
-    """token (B, 1) at `position` -> next-token logits (B, V), caches extended by one."""
-    hidden = model.decode(token, enc, caches=caches, start=position)  # (B, 1, C)
-    return model.lm_logits(hidden[:, -1])  # (B, V)
+                     caches: list[Yue2KVCache], *, position: int, layout: Yue2StepLayout) -> torch.Tensor:
+    """token (B,) at `position` -> next-token logits (B, V), caches extended by one."""
+    return model.decode_step(token, enc, caches=caches, position=position, layout=layout)  # (B, V)
 
 
 @torch.inference_mode()
@@ -115,13 +114,14 @@ def _generate_ar(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
     total = 1 + max_new_tokens
     enc = prefill(model, input_ids, attention_mask)
     caches = model.new_caches(batch_size=b, max_len=total)
+    layout = model.step_layout()
     tokens = input_ids.new_full((b, total), cfg.pad_token_id)  # (B, T_max)
     tokens[:, 0] = cfg.decoder_start_token_id
     finished = torch.zeros(b, dtype=torch.bool, device=input_ids.device)
     forced = tokens.new_empty(b)
     length = 1
     for pos in range(total - 1):
-        logits = decode_one_token(model, tokens[:, pos:pos + 1], enc, caches, position=pos)  # (B, V)
+        logits = decode_one_token(model, tokens[:, pos], enc, caches, position=pos, layout=layout)  # (B, V)
         if pos == 0 and gen.forced_bos_token_id is not None:
             nxt = forced.fill_(gen.forced_bos_token_id)
         elif pos == total - 2 and gen.forced_eos_token_id is not None:
