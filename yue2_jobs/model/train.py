@@ -2,7 +2,11 @@
 
 0. Denoise (optional, for fresh models): reconstruct the opening of each input from a
    masked copy, so cross-attention learns to read the input before summarising.
-1. AR: teacher-forced cross-entropy on (text -> summary) pairs; every weight trains.
+1. AR: teacher-forced cross-entropy on (text -> summary) pairs; every weight trains. A
+   share of each batch (`denoise_mix`) stays denoising: trained on summaries alone, a small
+   model learns the summaries' language prior, stops reading its input and shuts the
+   encoder off (the loss with every input swapped for another's equalled the true one);
+   the reconstruction examples keep cross-attention alive while it learns to summarise.
 2. NAR: encoder and AR branch frozen; the AR branch greedily decodes every training input
    and the NAR branch learns to draft those sequences (self-distillation: hard AR-argmax
    targets plus KL to the AR distribution at the drafted position).
@@ -50,6 +54,7 @@ class TrainArgs:
     preset: str = "tiny"
     vocab_size: int = 4096
     denoise_steps: int = 0
+    denoise_mix: float = 0.5
     ar_steps: int = 1500
     nar_steps: int = 400
     confidence_steps: int = 200
@@ -92,13 +97,32 @@ def _collate(pairs: list[tuple[list[int], list[int]]], pad: int, device: torch.d
     return {"input_ids": ids.to(device), "attention_mask": ids.ne(pad).to(device), "labels": labels.to(device)}
 
 
-def _batch_for_step(n_items: int, step: int, batch_size: int, seed: int) -> list[int]:
-    """Indices of the batch at `step`: a seeded permutation per epoch, so resuming is exact."""
-    per_epoch = max(1, n_items // batch_size)
+def _batch_for_step(lengths: list[int], step: int, batch_size: int, seed: int) -> list[int]:
+    """Indices of the batch at `step`, a function of (seed, step) alone, so resuming is exact.
+
+    Each epoch is a seeded permutation cut into pools of 32 batches; a pool is sorted by
+    input length before it is cut, and the epoch's batches are then shuffled, so a batch
+    holds inputs of similar length and pads little (about 2x faster steps on these corpora).
+    """
+    per_epoch = max(1, len(lengths) // batch_size)
     epoch, k = divmod(step, per_epoch)
-    order = list(range(n_items))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[k * batch_size : (k + 1) * batch_size]
+    order = list(range(len(lengths)))
+    rng = random.Random(seed * 1_000_003 + epoch)
+    rng.shuffle(order)
+    pool = 32 * batch_size
+    batches = []
+    for start in range(0, per_epoch * batch_size, pool):
+        chunk = sorted(order[start : min(start + pool, per_epoch * batch_size)], key=lengths.__getitem__)
+        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches[k]
+
+
+def _mixed_batch(pairs: list[tuple[list[int], list[int]]], denoising: list[tuple[list[int], list[int]]],
+                 indices: list[int], *, share: float, seed: int, step: int) -> list[tuple[list[int], list[int]]]:
+    """The AR stage's batch: each item is its denoising twin with probability `share`."""
+    rng = random.Random(seed * 1_000_033 + step)
+    return [denoising[i] if rng.random() < share else pairs[i] for i in indices]
 
 
 def _denoising_pairs(pairs: list[tuple[list[int], list[int]]], args: TrainArgs,
@@ -197,6 +221,23 @@ def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str
 
 
 @torch.no_grad()
+def input_dependence(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
+                     device: torch.device) -> tuple[float, float]:
+    """Teacher-forced loss on `pairs`, and the same loss with every input swapped for the next
+    pair's. Equal losses mean the model ignores its input; the gap is what reading it buys."""
+    model.eval()
+    true_loss = swapped_loss = 0.0
+    for start in range(0, len(pairs), 64):
+        chunk = pairs[start : start + 64]
+        batch = _collate(chunk, model.config.pad_token_id, device)
+        swapped = _collate([(chunk[(i + 1) % len(chunk)][0], tgt) for i, (_, tgt) in enumerate(chunk)],
+                           model.config.pad_token_id, device)
+        true_loss += model(**batch).loss.item() * len(chunk)
+        swapped_loss += model(**swapped).loss.item() * len(chunk)
+    return true_loss / len(pairs), swapped_loss / len(pairs)
+
+
+@torch.no_grad()
 def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
                       device: torch.device, bins: int = 10) -> str:
     """Calibration of the confidence head: predicted p(accept) vs observed acceptance, per bin."""
@@ -272,12 +313,11 @@ def train(args: TrainArgs) -> Path | None:
         opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
         if start and (state_dir / "optimizer.pt").is_file():
             opt.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
-        if stage == "denoise":
-            data = _denoising_pairs(pairs, args, model.config)
-        elif stage == "ar":
-            data = pairs
-        else:
-            data = _self_distill_targets(model, pairs, args, device, f"{stage}: AR targets")
+        share = {"denoise": 1.0, "ar": args.denoise_mix}.get(stage, 0.0)
+        data = pairs if stage in ("denoise", "ar") else _self_distill_targets(model, pairs, args, device,
+                                                                               f"{stage}: AR targets")
+        denoising = _denoising_pairs(pairs, args, model.config) if share else data
+        lengths = [len(src) for src, _ in data]
         bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage],
                    mininterval=0.2 if sys.stderr.isatty() else 30.0)
         for step in bar:
@@ -288,7 +328,8 @@ def train(args: TrainArgs) -> Path | None:
             budget -= 1
             model.train()
             torch.manual_seed(args.seed * 7919 + STAGES.index(stage) * 1_000_000 + step)
-            batch = _collate([data[i] for i in _batch_for_step(len(data), step, args.batch_size, args.seed)],
+            indices = _batch_for_step(lengths, step, args.batch_size, args.seed)
+            batch = _collate(_mixed_batch(data, denoising, indices, share=share, seed=args.seed, step=step),
                              model.config.pad_token_id, device)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, steps[stage], args)
@@ -305,6 +346,8 @@ def train(args: TrainArgs) -> Path | None:
         if nxt < len(STAGES):
             _save_state(state_dir, model, tokenizer, None, args, STAGES[nxt], 0)
     model.eval()
+    true_loss, swapped_loss = input_dependence(model, eval_pairs, device)
+    print(f"held-out AR loss {true_loss:.3f}; with inputs swapped between examples {swapped_loss:.3f}")
     print("confidence head reliability (held-out inputs, AR greedy sequences):")
     print(reliability_table(model, _self_distill_targets(model, eval_pairs, args, device, "eval targets"), device))
     model.to("cpu")
@@ -335,9 +378,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", required=True, choices=["general", "legal"])
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
-    for name in ("preset", "vocab_size", "denoise_steps", "ar_steps", "nar_steps", "confidence_steps", "batch_size",
-                 "lr", "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every", "threads",
-                 "stop_after"):
+    for name in ("preset", "vocab_size", "denoise_steps", "denoise_mix", "ar_steps", "nar_steps", "confidence_steps",
+                 "batch_size", "lr", "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every",
+                 "threads", "stop_after"):
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
 
