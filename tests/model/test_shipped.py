@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoModelForSeq2SeqLM
 
 from tests.model.conftest import ROOT
 from yue2_jobs.cli import main as cli_main
 from yue2_jobs.model import Yue2ForConditionalGeneration
-from yue2_jobs.model.checkpoint import verify_checkpoint_dir
+from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
+from yue2_jobs.model.data import read_split
 from yue2_jobs.model.evaluate import evaluate_checkpoint
+from yue2_jobs.model.train import TrainArgs, _encode, input_dependence
 
 CHECKPOINTS = ("base", "legal")
 EVAL_ROWS = 120
@@ -34,6 +37,17 @@ def scores():
 def test_each_variant_wins_on_its_own_domain(scores):
     assert scores["legal", "legal"].rougeL > scores["base", "legal"].rougeL
     assert scores["base", "general"].rougeL > scores["legal", "general"].rougeL
+
+
+@pytest.mark.parametrize(("name", "corpus", "min_distinct"), [("base", "general", 0.8), ("legal", "legal", 0.15)])
+def test_each_variant_reads_its_input(scores, name, corpus, min_distinct):
+    """Guards against the collapse earlier checkpoints had: one memorised answer for every input."""
+    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / name)
+    rows = read_split(ROOT / "data", corpus, "eval")[:EVAL_ROWS]
+    args = TrainArgs(data="", corpus=corpus, out="")
+    true_loss, swapped_loss = input_dependence(model, _encode(tokenizer, rows, args), torch.device("cpu"))
+    assert swapped_loss > true_loss + 0.05
+    assert scores[name, corpus].distinct >= min_distinct
 
 
 def test_eval_command_prints_the_table(capsys):

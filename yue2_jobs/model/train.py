@@ -223,18 +223,22 @@ def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str
 @torch.no_grad()
 def input_dependence(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
                      device: torch.device) -> tuple[float, float]:
-    """Teacher-forced loss on `pairs`, and the same loss with every input swapped for the next
-    pair's. Equal losses mean the model ignores its input; the gap is what reading it buys."""
+    """Teacher-forced loss on `pairs`, and the same loss with each input swapped for the one
+    half the list away (neighbours in an eval split often share a source). Equal losses mean
+    the model ignores its input; the gap is what reading it buys."""
+    n = len(pairs)
+    swapped = [(pairs[(i + n // 2) % n][0], tgt) for i, (_, tgt) in enumerate(pairs)]
+    return _mean_loss(model, pairs, device), _mean_loss(model, swapped, device)
+
+
+def _mean_loss(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
+               device: torch.device) -> float:
     model.eval()
-    true_loss = swapped_loss = 0.0
+    total = 0.0
     for start in range(0, len(pairs), 64):
         chunk = pairs[start : start + 64]
-        batch = _collate(chunk, model.config.pad_token_id, device)
-        swapped = _collate([(chunk[(i + 1) % len(chunk)][0], tgt) for i, (_, tgt) in enumerate(chunk)],
-                           model.config.pad_token_id, device)
-        true_loss += model(**batch).loss.item() * len(chunk)
-        swapped_loss += model(**swapped).loss.item() * len(chunk)
-    return true_loss / len(pairs), swapped_loss / len(pairs)
+        total += model(**_collate(chunk, model.config.pad_token_id, device)).loss.item() * len(chunk)
+    return total / len(pairs)
 
 
 @torch.no_grad()
