@@ -141,3 +141,22 @@ def test_step_layout_follows_weight_changes(tiny_config, batch):
         first.decoder_layers[0].ffn.fc1.weight.mul_(3.0)
         second.decoder_layers[0].ffn.fc1.weight.mul_(3.0)
     assert torch.equal(generate(first, **kw), generate(second, **kw))
+
+
+def test_models_built_in_inference_mode_decode_with_current_weights(tiny_config, batch):
+    from yue2_jobs.model import Yue2ForConditionalGeneration
+
+    ids, mask = batch
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=8)
+    with torch.inference_mode():  # such weights keep no version counter
+        torch.manual_seed(2)
+        model = Yue2ForConditionalGeneration(tiny_config).eval()
+        model.final_logits_bias.normal_(0, 1.0)
+        first = generate(model, **kw)
+        model.decoder_layers[0].ffn.fc1.weight.mul_(3.0)
+        model.final_logits_bias.normal_(0, 1.0)
+        seq = torch.full((ids.shape[0], 1), tiny_config.decoder_start_token_id)
+        expected = model(input_ids=ids, attention_mask=mask, decoder_input_ids=seq).logits[:, -1].argmax(-1)
+        second = generate(model, **kw)
+    assert not torch.equal(first[:, 1], second[:, 1])
+    assert torch.equal(second[:, 1], expected)

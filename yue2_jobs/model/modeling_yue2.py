@@ -95,10 +95,16 @@ class Yue2StepLayout:
         return torch.addmm(self.vocab_bias, hidden, self.vocab_matrix)  # (B, C) -> (B, V)
 
 
-def _weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...]:
-    """Changes whenever a weight is replaced or modified in place (optimizer steps, loading)."""
-    return tuple((p.data_ptr(), p._version) for p in (*model.decoder_layers.parameters(), model.shared.weight,
-                                                       model.final_logits_bias))
+def _weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...] | None:
+    """Changes whenever a weight is replaced or modified in place (optimizer steps, loading).
+
+    None for weights created under `torch.inference_mode()`, which keep no version counter:
+    their layout cannot be known to be current, so it is rebuilt on every use.
+    """
+    weights = (*model.decoder_layers.parameters(), model.shared.weight, model.final_logits_bias)
+    if any(w.is_inference() for w in weights):
+        return None
+    return tuple((w.data_ptr(), w._version) for w in weights)
 
 
 def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -421,7 +427,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
     def step_layout(self) -> Yue2StepLayout:
         """The decode-step weight layout, rebuilt only after the weights change."""
         layout = self._step_layout
-        if layout is None or layout.key != _weights_key(self):
+        if layout is None or layout.key is None or layout.key != _weights_key(self):
             layout = self._step_layout = Yue2StepLayout(self)
         return layout
 
