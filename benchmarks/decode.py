@@ -1,13 +1,17 @@
-"""Decode speed: YuE2 `ar` mode vs Hugging Face `generate` on identical weights.
+"""Decoding modes side by side on the shipped `base` checkpoint and its eval set.
 
-Two weight sets: a randomly initialised BART converted to YuE2 (HF runs the original
-BartForConditionalGeneration), and the shipped `base` checkpoint (HF runs its export to
-BartForConditionalGeneration). Greedy, batch sizes 1, 8 and 32, real held-out inputs.
-Tokens/s counts generated tokens up to and including EOS, never padding. Both sides must
-produce identical tokens, or the benchmark stops. Runs alternate between the two sides so
-machine noise hits both; the ratio is the figure to read.
+Methods: Hugging Face `generate` (on the same weights exported to BART), HF prompt lookup
+(`prompt_lookup_num_tokens`, batch 1 only: HF refuses it for larger batches), our `ar`, our
+batched `prompt_lookup`, `hybrid`, `hybrid_fast` at three thresholds and `nar`. For each
+batch size: tokens/s (generated tokens up to and including EOS; padding never counts),
+decoder steps per token, tau (mean tokens committed per decoder step) and its histogram,
+ROUGE-L F1 against the references, and exact match (share of outputs identical to our `ar`
+greedy output). Every repeat runs every method once, in rotated order, so machine noise
+spreads over all of them; medians are reported, and the ratio to our `ar` is the figure to
+read. On a GPU (device auto) the batch-1 rows also get the memory-bandwidth roofline:
+weight bytes read per decoder step / HBM bandwidth.
 
-    python benchmarks/decode.py [--batch-sizes 1 8 32] [--repeats 5] [--out results.json]
+    python benchmarks/decode.py [--batch-sizes 1 8 32] [--repeats 3] [--texts 254] [--out results.json]
 """
 
 from __future__ import annotations
@@ -18,83 +22,91 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import BartConfig, BartForConditionalGeneration
 from transformers.utils import logging as hf_logging
 
 from yue2_jobs.model.checkpoint import load_checkpoint
-from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
+from yue2_jobs.model.convert import bart_from_yue2
 from yue2_jobs.model.data import read_split
+from yue2_jobs.model.evaluate import rouge
 from yue2_jobs.model.generation import generate
+from yue2_jobs.model.stats import summarize_stats
 
 ROOT = Path(__file__).resolve().parent.parent
+HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # by GPU name; --hbm-gbps overrides
 
 
-def _random_bart(vocab_size: int) -> BartForConditionalGeneration:
-    torch.manual_seed(0)
-    cfg = BartConfig(vocab_size=vocab_size, d_model=256, encoder_layers=3, decoder_layers=3,
-                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
-                     decoder_ffn_dim=1024, max_position_embeddings=320)
-    bart = BartForConditionalGeneration(cfg).eval()
-    with torch.no_grad():  # random weights would end every row at once; keep rows going to the limit
-        bart.final_logits_bias[0, cfg.eos_token_id] = -10.0
-    return bart
+@dataclass(frozen=True)
+class Method:
+    name: str
+    run: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, list | None]]
+    batch_sizes: tuple[int, ...] | None = None  # None: every batch size
+    extra_weights: bool = False  # reads the NAR branch every step (for the roofline)
 
 
-def _generated_tokens(seqs: torch.Tensor, pad: int) -> int:
-    return int((seqs[:, 1:] != pad).sum())
+def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float]) -> list[Method]:
+    def ours(mode: str, **kw: object) -> Callable:
+        def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
+            out = generate(model, input_ids=b["input_ids"], attention_mask=b["attention_mask"], mode=mode,
+                           max_new_tokens=max_new_tokens, return_dict_in_generate=True, **kw)
+            return out.sequences, out.stats
+        return run
+
+    def hf_run(**kw: object) -> Callable:
+        def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+            with torch.inference_mode():
+                return hf.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], num_beams=1,
+                                   do_sample=False, max_new_tokens=max_new_tokens, **kw), None
+        return run
+
+    methods = [
+        Method("HF generate", hf_run()),
+        Method("HF prompt lookup", hf_run(prompt_lookup_num_tokens=model.config.nar_block_size), batch_sizes=(1,)),
+        Method("ours ar", ours("ar")),
+        Method("ours prompt_lookup", ours("prompt_lookup")),
+        Method("hybrid", ours("hybrid"), extra_weights=True),
+    ]
+    methods += [Method(f"hybrid_fast@{t:g}", ours("hybrid_fast", nar_threshold=t), extra_weights=True)
+                for t in thresholds]
+    methods.append(Method("nar (4 iterations)", ours("nar", nar_iterations=4), extra_weights=True))
+    return methods
 
 
-def _time(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
-def bench_pair(name: str, ours_model, hf_model, batches: list[dict[str, torch.Tensor]], *, max_new_tokens: int,
-               repeats: int, batch_size: int) -> dict[str, object]:
-    pad = ours_model.config.pad_token_id
+def _generated(seqs: torch.Tensor, pad: int, eos: int) -> list[list[int]]:
+    out = []
+    for row in seqs[:, 1:].tolist():
+        row = [t for t in row if t != pad]
+        out.append(row[: row.index(eos) + 1] if eos in row else row)
+    return out
 
-    def run_ours(b: dict[str, torch.Tensor]) -> torch.Tensor:
-        return generate(ours_model, input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                        max_new_tokens=max_new_tokens)
 
-    def run_hf(b: dict[str, torch.Tensor]) -> torch.Tensor:
-        with torch.inference_mode():
-            return hf_model.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], num_beams=1,
-                                     do_sample=False, max_new_tokens=max_new_tokens)
-
-    for b in batches:  # warm-up, and the identical-output check
-        a, h = run_ours(b), run_hf(b)
-        if not torch.equal(a, h):
-            raise SystemExit(f"{name}: outputs differ at batch size {batch_size}; refusing to compare speeds")
-    times: dict[str, list[float]] = {"ours": [], "hf": []}
-    tokens = 0
-    for _ in range(repeats):
-        t_ours = t_hf = 0.0
-        tokens = 0
-        for b in batches:
-            dt, out = _time(lambda b=b: run_ours(b))
-            t_ours += dt
-            tokens += _generated_tokens(out, pad)
-            dt, _ = _time(lambda b=b: run_hf(b))
-            t_hf += dt
-        times["ours"].append(t_ours)
-        times["hf"].append(t_hf)
-    ours_s, hf_s = statistics.median(times["ours"]), statistics.median(times["hf"])
-    return {"weights": name, "batch_size": batch_size, "tokens": tokens, "ours_tok_s": tokens / ours_s,
-            "hf_tok_s": tokens / hf_s, "speedup": hf_s / ours_s, "ours_s": times["ours"], "hf_s": times["hf"]}
+def _step_bytes(model, *, with_nar: bool) -> int:
+    """Weight bytes one batch-1 decoder step reads: the AR branch and the vocabulary projection,
+    plus the NAR branch and confidence head for the modes that draft."""
+    parts = [model.decoder_layers, model.shared]
+    if with_nar:
+        parts += [model.nar_layers, model.confidence_head]
+    return sum(p.numel() * p.element_size() for part in parts for p in part.parameters())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--texts", type=int, default=32, help="held-out texts decoded per timing")
+    parser.add_argument("--texts", type=int, default=0, help="eval texts to decode (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--thresholds", type=float, nargs=3, default=[0.9, 0.7, 0.5])
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--hbm-gbps", type=float, default=0.0, help="GPU memory bandwidth (0: from the GPU's name)")
     parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode.json"))
     args = parser.parse_args()
@@ -102,39 +114,95 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
 
-    base_dir = Path(args.checkpoint)
-    base, tokenizer = load_checkpoint(base_dir)
-    random_bart = _random_bart(base.config.vocab_size)
-    pairs = [
-        ("converted-bart (random, d=256, 3+3 layers)", yue2_from_bart(random_bart), random_bart),
-        ("shipped base (d=192, 2+2 layers)", base, bart_from_yue2(base)),
-    ]
-    texts = [r["text"] for r in read_split(ROOT / "data", "general", "eval")[: args.texts]]
-    rows = []
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    hf = bart_from_yue2(model).eval().to(device)
+    model.to(device)
+    rows = read_split(ROOT / "data", "general", "eval")
+    rows = rows[: args.texts] if args.texts else rows
+    texts, refs = [r["text"] for r in rows], [r["summary"] for r in rows]
+    pad, eos = model.config.pad_token_id, model.config.eos_token_id
+    methods = _methods(model, hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    bandwidth = args.hbm_gbps or next((v for k, v in HBM_GBPS.items() if gpu and k in gpu), 0.0)
+
+    results = []
     for bs in args.batch_sizes:
-        batches = [dict(tokenizer(texts[i : i + bs], truncation=True, max_length=256, padding=True,
-                                  return_tensors="pt")) for i in range(0, len(texts), bs)]
-        if bs == 1:
-            batches = batches[:8]  # batch 1 is the slow case; 8 texts are plenty
-        for name, ours, hf in pairs:
-            row = bench_pair(name, ours, hf, batches, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                             batch_size=bs)
-            rows.append(row)
-            print(f"{row['weights']:<44} batch {bs:>3}: ours {row['ours_tok_s']:>8.1f} tok/s   "
-                  f"HF {row['hf_tok_s']:>8.1f} tok/s   ratio {row['speedup']:.2f}x", flush=True)
+        batches = [{k: v.to(device) for k, v in tokenizer(texts[i : i + bs], truncation=True, max_length=256,
+                                                         padding=True, return_tensors="pt").items()}
+                   for i in range(0, len(texts), bs)]
+        active = [m for m in methods if m.batch_sizes is None or bs in m.batch_sizes]
+        outputs: dict[str, list[list[int]]] = {}
+        stats: dict[str, list] = {}
+        for m in active:  # warm-up run; keeps the outputs and stats
+            outputs[m.name], stats[m.name] = [], []
+            for b in batches:
+                seqs, st = m.run(b)
+                outputs[m.name] += _generated(seqs.cpu(), pad, eos)
+                stats[m.name] += st or []
+        times: dict[str, list[float]] = {m.name: [] for m in active}
+        for r in range(args.repeats):
+            for m in active[r % len(active) :] + active[: r % len(active)]:
+                _sync(device)
+                t0 = time.perf_counter()
+                for b in batches:
+                    m.run(b)
+                _sync(device)
+                times[m.name].append(time.perf_counter() - t0)
+        reference = outputs["ours ar"]
+        ar_tok_s = 0.0
+        for m in active:
+            gen = outputs[m.name]
+            tokens = sum(len(g) for g in gen)
+            seconds = statistics.median(times[m.name])
+            summary = summarize_stats(stats[m.name]) if stats[m.name] else None
+            steps = summary["decoder_steps"] if summary else (tokens if m.name == "HF generate" else None)
+            preds = [s.strip() for s in tokenizer.batch_decode(gen, skip_special_tokens=True)]
+            row = {
+                "method": m.name, "batch_size": bs, "texts": len(texts), "tokens": tokens, "seconds": times[m.name],
+                "tok_s": tokens / seconds, "steps_per_token": steps / tokens if steps else None,
+                "tau": tokens / steps if steps else None,
+                "accepted_histogram": summary["accepted_histogram"] if summary else None,
+                "nar_share": summary["nar_share"] if summary else None,
+                "rouge_l": 100 * rouge(preds, refs).rougeL,
+                "exact_match": sum(a == b for a, b in zip(gen, reference, strict=True)) / len(gen),
+            }
+            if m.name == "ours ar":
+                ar_tok_s = row["tok_s"]
+            if bandwidth and bs == 1 and steps:
+                step_s = _step_bytes(model, with_nar=m.extra_weights) / (bandwidth * 1e9)
+                row["roofline_tok_s"] = row["tau"] / step_s
+                row["share_of_roofline"] = row["tok_s"] / row["roofline_tok_s"]
+            results.append(row)
+        for row in results:
+            if row["batch_size"] == bs:
+                row["vs_ours_ar"] = row["tok_s"] / ar_tok_s
+                _print_row(row, first=row is results[-len(active)])
 
-    print()
-    print(f"{'weights':<44} {'batch':>5} {'tokens':>7} {'ours tok/s':>11} {'HF tok/s':>10} {'ours/HF':>8}")
-    for r in rows:
-        print(f"{r['weights']:<44} {r['batch_size']:>5} {r['tokens']:>7} {r['ours_tok_s']:>11.1f} "
-              f"{r['hf_tok_s']:>10.1f} {r['speedup']:>7.2f}x")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
-            "python": platform.python_version(), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+            "device": gpu or "cpu", "hbm_gbps": bandwidth or None, "python": platform.python_version(),
+            "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "checkpoint": args.checkpoint,
+            "step_weight_bytes": {"ar": _step_bytes(model, with_nar=False),
+                                  "hybrid": _step_bytes(model, with_nar=True)}}
+    out.write_text(json.dumps({"meta": meta, "rows": results}, indent=2) + "\n")
     print(f"\nwrote {out}")
+
+
+def _print_row(row: dict, *, first: bool) -> None:
+    if first:
+        print(f"\nbatch {row['batch_size']} ({row['texts']} texts)")
+        print(f"  {'method':<22} {'tok/s':>8} {'vs ar':>6} {'steps/tok':>9} {'tau':>5} {'ROUGE-L':>7} {'exact':>6}"
+              f"  histogram (NAR tokens per step: 0, 1, ...)")
+    steps = f"{row['steps_per_token']:.3f}" if row["steps_per_token"] else "-"
+    tau = f"{row['tau']:.2f}" if row["tau"] else "-"
+    hist = row["accepted_histogram"] or "-"
+    roof = f"  roofline {row['roofline_tok_s']:.0f} tok/s ({100 * row['share_of_roofline']:.1f}%)" \
+        if "roofline_tok_s" in row else ""
+    print(f"  {row['method']:<22} {row['tok_s']:>8.1f} {row['vs_ours_ar']:>5.2f}x {steps:>9} {tau:>5} "
+          f"{row['rouge_l']:>7.2f} {100 * row['exact_match']:>5.1f}%  {hist}{roof}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 from transformers.utils import logging as hf_logging
 
 from yue2_jobs.errors import Yue2Error
+from yue2_jobs.model.generation import MODES
 
 
 def _cmd_convert_bart(args: argparse.Namespace) -> None:
@@ -30,7 +31,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     rows = []
     for corpus in args.set:
         r = evaluate_checkpoint(args.checkpoint, data_dir=args.data, corpus=corpus, limit=args.limit,
-                                batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+                                batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, mode=args.mode)
         rows.append({"checkpoint": str(args.checkpoint), "set": corpus, "n": r.count,
                      "rouge1": r.rouge1, "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct})
     print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8} {'distinct':>9}")
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mode", default="ar", choices=MODES, help="decoding mode (default ar)")
     p.add_argument("--json", default=None, help="also write the rows here")
     p.set_defaults(func=_cmd_eval)
 
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint")
     p.add_argument("text", nargs="*")
     p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--mode", default="ar", choices=["ar", "hybrid", "hybrid_fast", "nar"])
+    p.add_argument("--mode", default="hybrid", choices=MODES, help="decoding mode (default hybrid)")
     p.set_defaults(func=_cmd_summarize)
     return parser
 

@@ -42,6 +42,17 @@ class Yue2EncoderState:
     cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per AR layer: (B, H, S, D) twice
     nar_cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per NAR layer
 
+    def select(self, rows: torch.Tensor) -> Yue2EncoderState:
+        """The state of some rows (B',) only: how a batch drops its finished rows."""
+        def pick(kv: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            return kv[0].index_select(0, rows), kv[1].index_select(0, rows)
+
+        return Yue2EncoderState(
+            hidden=self.hidden.index_select(0, rows),
+            mask=None if self.mask is None else self.mask.index_select(0, rows),
+            cross_kv=[pick(kv) for kv in self.cross_kv], nar_cross_kv=[pick(kv) for kv in self.nar_cross_kv],
+        )
+
 
 class Yue2KVCache:
     """Preallocated self-attention cache of one decoder layer (gpt-fast style)."""
@@ -59,9 +70,20 @@ class Yue2KVCache:
         self.v.narrow(2, start, t).copy_(v)
         return self.k.narrow(2, 0, start + t), self.v.narrow(2, 0, start + t)
 
+    def scatter(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> tuple[torch.Tensor, ...]:
+        """Write k, v (B, H, W, D) at per-row positions (B, W); return the first `span` positions."""
+        idx = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, W, D)
+        self.k.scatter_(2, idx, k)
+        self.v.scatter_(2, idx, v)
+        return self.k.narrow(2, 0, span), self.v.narrow(2, 0, span)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only some rows (B',), in that order."""
+        self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+
 
 class Yue2StepLayout:
-    """The AR branch's matrices laid out for one-token decode steps.
+    """The AR and NAR branches' matrices laid out for decode steps (few tokens per row).
 
     `linear(x, module)` equals `module(x)`. On the CPU, MKL's fp32 matrix-vector product reads
     an (in, out) row-major matrix 1.6-2.5x faster than nn.Linear's (out, in) one when
@@ -81,7 +103,7 @@ class Yue2StepLayout:
             return weight.t().contiguous() if copy and out_features >= in_features else weight.t()
 
         self.matrices: dict[nn.Linear, torch.Tensor] = {}
-        for layer in model.decoder_layers:
+        for layer in (*model.decoder_layers, *model.nar_layers):
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
                         layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
                 self.matrices[lin] = layout(lin.weight.detach())
@@ -101,7 +123,8 @@ def _weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], 
     None for weights created under `torch.inference_mode()`, which keep no version counter:
     their layout cannot be known to be current, so it is rebuilt on every use.
     """
-    weights = (*model.decoder_layers.parameters(), model.shared.weight, model.final_logits_bias)
+    weights = (*model.decoder_layers.parameters(), *model.nar_layers.parameters(), model.shared.weight,
+               model.final_logits_bias)
     if any(w.is_inference() for w in weights):
         return None
     return tuple((w.data_ptr(), w._version) for w in weights)
@@ -157,6 +180,19 @@ class Yue2SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, D)
         return layout.linear(y.reshape(b, -1), self.out_proj)
 
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cache: Yue2KVCache, positions: torch.Tensor,
+                   span: int, mask: torch.Tensor) -> torch.Tensor:
+        """W new tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C).
+
+        `mask` (B, 1, W, span) lets each query see the cache positions up to its own.
+        """
+        b, w = positions.shape
+        qkv = layout.linear(x, self.qkv_proj).view(b, w, 3, self.num_heads, -1)  # (B, W, 3, H, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, W, D) each
+        k, v = cache.scatter(positions, k, v, span)  # (B, H, span, D)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, W, D)
+        return layout.linear(y.transpose(1, 2).reshape(b * w, -1), self.out_proj)
+
 
 class Yue2CrossAttention(nn.Module):
     """Attention from decoder queries to encoder states; K/V are computed once per input."""
@@ -187,6 +223,14 @@ class Yue2CrossAttention(nn.Module):
         q = layout.linear(x, self.q_proj).view(b, self.num_heads, 1, -1)  # (B, H, 1, D)
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)  # (B, H, 1, D)
         return layout.linear(y.reshape(b, -1), self.out_proj)
+
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, kv: tuple[torch.Tensor, torch.Tensor],
+                   mask: torch.Tensor | None, width: int) -> torch.Tensor:
+        """W queries per row: x (B*W, C) -> (B*W, C)."""
+        bw = x.shape[0]
+        q = layout.linear(x, self.q_proj).view(bw // width, width, self.num_heads, -1).transpose(1, 2)  # (B, H, W, D)
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)  # (B, H, W, D)
+        return layout.linear(y.transpose(1, 2).reshape(bw, -1), self.out_proj)
 
 
 class Yue2FeedForward(nn.Module):
@@ -256,6 +300,19 @@ class Yue2DecoderLayer(nn.Module):
         h = ffn.act(layout.linear(x, ffn.fc1))  # (B, F)
         return F.layer_norm(x + layout.linear(h, ffn.fc2), c, ln3.weight, ln3.bias, ln3.eps)
 
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
+                   enc_mask: torch.Tensor | None, cache: Yue2KVCache, positions: torch.Tensor, span: int,
+                   self_mask: torch.Tensor) -> torch.Tensor:
+        """`step` for W tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C)."""
+        c = (x.shape[-1],)
+        ln1, ln2, ln3, ffn = self.self_attn_layer_norm, self.encoder_attn_layer_norm, self.final_layer_norm, self.ffn
+        a = self.self_attn.block_step(x, layout=layout, cache=cache, positions=positions, span=span, mask=self_mask)
+        x = F.layer_norm(x + a, c, ln1.weight, ln1.bias, ln1.eps)
+        a = self.encoder_attn.block_step(x, layout=layout, kv=cross_kv, mask=enc_mask, width=positions.shape[1])
+        x = F.layer_norm(x + a, c, ln2.weight, ln2.bias, ln2.eps)
+        h = ffn.act(layout.linear(x, ffn.fc1))  # (B*W, F)
+        return F.layer_norm(x + layout.linear(h, ffn.fc2), c, ln3.weight, ln3.bias, ln3.eps)
+
 
 class Yue2NarLayer(nn.Module):
     """NAR block: bidirectional attention among the K draft slots of one position,
@@ -283,6 +340,22 @@ class Yue2NarLayer(nn.Module):
         # Cross-attention needs no per-position grouping: every query reads the same encoder.
         x = self.encoder_attn_layer_norm(x + _drop(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), p, train))
         return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
+
+
+    def step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
+             enc_mask: torch.Tensor | None) -> torch.Tensor:
+        """Inference for the K slots of one position per row: x (B*K, C) -> (B*K, C)."""
+        bk, c = x.shape
+        k, attn = self.block_size, self.self_attn
+        ln1, ln2, ln3, ffn = self.self_attn_layer_norm, self.encoder_attn_layer_norm, self.final_layer_norm, self.ffn
+        qkv = layout.linear(x, attn.qkv_proj).view(bk // k, k, 3, attn.num_heads, -1)  # (B, K, 3, H, D)
+        q, kk, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, K, D) each
+        y = F.scaled_dot_product_attention(q, kk, v).transpose(1, 2).reshape(bk, c)  # (B*K, C)
+        x = F.layer_norm(x + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
+        a = self.encoder_attn.block_step(x, layout=layout, kv=cross_kv, mask=enc_mask, width=k)
+        x = F.layer_norm(x + a, (c,), ln2.weight, ln2.bias, ln2.eps)
+        h = ffn.act(layout.linear(x, ffn.fc1))  # (B*K, F)
+        return F.layer_norm(x + layout.linear(h, ffn.fc2), (c,), ln3.weight, ln3.bias, ln3.eps)
 
 
 class Yue2ConfidenceHead(nn.Module):
@@ -448,9 +521,35 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
                            position=position)
         return layout.lm_logits(x)
 
+    def decode_block(self, tokens: torch.Tensor, enc: Yue2EncoderState, *, caches: list[Yue2KVCache],
+                     positions: torch.Tensor, layout: Yue2StepLayout) -> torch.Tensor:
+        """AR inference over W tokens per row at per-row positions: tokens, positions (B, W) -> hidden (B, W, C).
+
+        What hybrid verification runs: rows sit at different lengths, so each writes its cache
+        at its own positions and each query sees the cache up to its own position (a query
+        never sees a position after it, so stale entries there from rejected drafts are
+        harmless). Positions past the position table (drafts beyond the length limit, which
+        are never accepted) read its last row instead of failing.
+        """
+        b, w = tokens.shape
+        ln = self.decoder_layernorm_embedding
+        limit = self.config.max_position_embeddings - 1
+        x = F.embedding(tokens.reshape(-1), self.shared.weight)  # (B*W, C)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        pos = positions.clamp(max=limit).reshape(-1) + POSITION_OFFSET  # (B*W,)
+        x = x + F.embedding(pos, self.decoder_embed_positions.weight)
+        x = F.layer_norm(x, (x.shape[-1],), ln.weight, ln.bias, ln.eps)
+        span = min(int(positions.max()) + 1, caches[0].k.shape[2])
+        key_pos = torch.arange(span, device=tokens.device)
+        self_mask = (key_pos <= positions[:, :, None])[:, None]  # (B, 1, W, span)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer.block_step(x, layout=layout, cross_kv=enc.cross_kv[i], enc_mask=enc.mask, cache=caches[i],
+                                 positions=positions, span=span, self_mask=self_mask)
+        return x.view(b, w, -1)
+
     def new_caches(self, *, batch_size: int, max_len: int) -> list[Yue2KVCache]:
         cfg = self.config
-        self._check_length(max_len, "decoder sequence")
         p = self.shared.weight
         return [
             Yue2KVCache(batch_size=batch_size, num_heads=cfg.decoder_attention_heads, max_len=max_len,
@@ -485,6 +584,20 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         logits = self.lm_logits(x)  # (B, T, K, V)
         return logits, self.confidence_head(x, logits)
 
+    def draft_step(self, hidden: torch.Tensor, next_tokens: torch.Tensor, enc: Yue2EncoderState, *,
+                   layout: Yue2StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """`draft` for one position per row at inference: hidden (B, C), next_tokens (B,) ->
+        draft logits (B, K, V) and confidence logits (B, K), through the decode-step layout."""
+        b, c = hidden.shape
+        k, ln = self.config.nar_block_size, self.nar_layernorm_embedding
+        x = hidden + F.embedding(next_tokens, self.shared.weight) * self.embed_scale  # (B, C)
+        x = x[:, None, :] + self.nar_slot_embed.weight  # (B, K, C)
+        x = F.layer_norm(x, (c,), ln.weight, ln.bias, ln.eps).reshape(b * k, c)  # (B*K, C)
+        for i, layer in enumerate(self.nar_layers):
+            x = layer.step(x, layout=layout, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
+        logits = layout.lm_logits(x).view(b, k, -1)  # (B, K, V)
+        return logits, self.confidence_head(x.view(b, k, c), logits)
+
     # ---- the Hugging Face entry point ---------------------------------------------------------
 
     def forward(
@@ -511,12 +624,21 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=enc.hidden)
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 **kwargs: object) -> torch.Tensor:
-        """Generate with YuE2's own decoder loop; see `yue2_jobs.model.generation.generate`."""
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                 yue_mode: str | None = None, **kwargs: Any) -> Any:
+        """Generate with YuE2's own decoder loop, as `model.generate(**inputs, yue_mode="hybrid", ...)`.
+
+        `yue_mode` (or `mode`) picks `ar`, `hybrid`, `hybrid_fast`, `nar` or `prompt_lookup`;
+        every other argument is `yue2_jobs.model.generation.generate`'s (`max_new_tokens`,
+        `nar_threshold`, `do_sample`, `return_dict_in_generate`, ...).
+        """
         from yue2_jobs.model.generation import generate
 
-        return generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)  # type: ignore[arg-type]
+        if yue_mode is not None:
+            if kwargs.get("mode", yue_mode) != yue_mode:
+                raise ValueError(f"yue_mode={yue_mode!r} and mode={kwargs['mode']!r} disagree; pass one")
+            kwargs["mode"] = yue_mode
+        return generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
 
 def _sinusoids(length: int, dim: int) -> torch.Tensor:

@@ -150,6 +150,14 @@ def _lr_at(step: int, total: int, args: TrainArgs) -> float:
     return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+def _train_mode(model: Yue2ForConditionalGeneration, stage: str) -> None:
+    """Dropout only where weights train: the frozen encoder and AR branch must give the NAR
+    stages the same hidden states and argmax targets they give at inference."""
+    model.train(stage in ("denoise", "ar"))
+    if stage == "nar":
+        model.nar_layers.train()
+
+
 def _trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn.Parameter]:
     for p in model.parameters():
         p.requires_grad_(stage in ("denoise", "ar"))
@@ -173,7 +181,7 @@ def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple
         idx = order[start : start + 64]
         batch = _collate([pairs[i] for i in idx], pad, device)
         seqs = generate(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        max_new_tokens=args.max_target_tokens)[:, 1:].tolist()
+                        max_new_tokens=args.max_target_tokens, mode="ar")[:, 1:].tolist()
         for i, seq in zip(idx, seqs, strict=True):
             cut = seq.index(eos) + 1 if eos in seq else len(seq)
             results[i] = seq[:cut]
@@ -200,7 +208,9 @@ def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tenso
         idx = torch.arange(t, device=labels.device)[:, None] + 1 + torch.arange(k, device=labels.device)  # (T, K)
         idx_c = idx.clamp(max=t - 1)
         valid = (idx < t)[None] & (labels[:, idx_c] != -100) & (labels != -100)[:, :, None]  # (B, T, K)
-        target_logp = ar_logp[:, idx_c][valid]  # (N, V)
+        # Gather only the valid rows: ar_logp[:, idx_c] would build a (B, T, K, V) tensor.
+        rows, positions, slots = valid.nonzero(as_tuple=True)  # the order of boolean indexing
+        target_logp = ar_logp[rows, idx_c[positions, slots]]  # (N, V)
     # The NAR cross-attention projections train in stage 2, so they are recomputed with grad.
     enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_layers]
     slots = model.draft_hidden(hidden, next_tok, enc)[valid]  # (N, C)
@@ -214,8 +224,9 @@ def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str
     draft_logits, conf_logits, target, target_logp = _nar_batch(model, batch)
     if stage == "nar":
         logp = draft_logits.float().log_softmax(-1)  # (N, V)
-        kl = F.kl_div(logp, target_logp, log_target=True, reduction="batchmean")
-        return F.nll_loss(logp, target) + 0.5 * kl
+        # Cross-entropy to the AR distribution: KL's gradient without its entropy term's cost.
+        soft = -(target_logp.exp() * logp).sum(-1).mean()
+        return F.nll_loss(logp, target) + 0.5 * soft
     accepted = (draft_logits.argmax(-1) == target).float()
     return F.binary_cross_entropy_with_logits(conf_logits, accepted)
 
@@ -330,7 +341,7 @@ def train(args: TrainArgs) -> Path | None:
                 print(f"\nstopped after {args.stop_after} steps; run again with the same arguments to resume")
                 return None
             budget -= 1
-            model.train()
+            _train_mode(model, stage)
             torch.manual_seed(args.seed * 7919 + STAGES.index(stage) * 1_000_000 + step)
             indices = _batch_for_step(lengths, step, args.batch_size, args.seed)
             batch = _collate(_mixed_batch(data, denoising, indices, share=share, seed=args.seed, step=step),

@@ -1,0 +1,141 @@
+"""Decode speed: YuE2 `ar` mode vs Hugging Face `generate` on identical weights.
+
+Two weight sets: a randomly initialised BART converted to YuE2 (HF runs the original
+BartForConditionalGeneration), and the shipped `base` checkpoint (HF runs its export to
+BartForConditionalGeneration). Greedy, batch sizes 1, 8 and 32, real held-out inputs.
+Tokens/s counts generated tokens up to and including EOS, never padding. Both sides must
+produce identical tokens, or the benchmark stops. Runs alternate between the two sides so
+machine noise hits both; the ratio is the figure to read.
+
+    python benchmarks/ar_vs_hf.py [--batch-sizes 1 8 32] [--repeats 5] [--out results.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import BartConfig, BartForConditionalGeneration
+from transformers.utils import logging as hf_logging
+
+from yue2_jobs.model.checkpoint import load_checkpoint
+from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
+from yue2_jobs.model.data import read_split
+from yue2_jobs.model.generation import generate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _random_bart(vocab_size: int) -> BartForConditionalGeneration:
+    torch.manual_seed(0)
+    cfg = BartConfig(vocab_size=vocab_size, d_model=256, encoder_layers=3, decoder_layers=3,
+                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                     decoder_ffn_dim=1024, max_position_embeddings=320)
+    bart = BartForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # random weights would end every row at once; keep rows going to the limit
+        bart.final_logits_bias[0, cfg.eos_token_id] = -10.0
+    return bart
+
+
+def _generated_tokens(seqs: torch.Tensor, pad: int) -> int:
+    return int((seqs[:, 1:] != pad).sum())
+
+
+def _time(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def bench_pair(name: str, ours_model, hf_model, batches: list[dict[str, torch.Tensor]], *, max_new_tokens: int,
+               repeats: int, batch_size: int) -> dict[str, object]:
+    pad = ours_model.config.pad_token_id
+
+    def run_ours(b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return generate(ours_model, input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                        max_new_tokens=max_new_tokens)
+
+    def run_hf(b: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.inference_mode():
+            return hf_model.generate(input_ids=b["input_ids"], attention_mask=b["attention_mask"], num_beams=1,
+                                     do_sample=False, max_new_tokens=max_new_tokens)
+
+    for b in batches:  # warm-up, and the identical-output check
+        a, h = run_ours(b), run_hf(b)
+        if not torch.equal(a, h):
+            raise SystemExit(f"{name}: outputs differ at batch size {batch_size}; refusing to compare speeds")
+    times: dict[str, list[float]] = {"ours": [], "hf": []}
+    tokens = 0
+    for _ in range(repeats):
+        t_ours = t_hf = 0.0
+        tokens = 0
+        for b in batches:
+            dt, out = _time(lambda b=b: run_ours(b))
+            t_ours += dt
+            tokens += _generated_tokens(out, pad)
+            dt, _ = _time(lambda b=b: run_hf(b))
+            t_hf += dt
+        times["ours"].append(t_ours)
+        times["hf"].append(t_hf)
+    ours_s, hf_s = statistics.median(times["ours"]), statistics.median(times["hf"])
+    return {"weights": name, "batch_size": batch_size, "tokens": tokens, "ours_tok_s": tokens / ours_s,
+            "hf_tok_s": tokens / hf_s, "speedup": hf_s / ours_s, "ours_s": times["ours"], "hf_s": times["hf"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--texts", type=int, default=32, help="held-out texts decoded per timing")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ar_vs_hf.json"))
+    args = parser.parse_args()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    base_dir = Path(args.checkpoint)
+    base, tokenizer = load_checkpoint(base_dir)
+    random_bart = _random_bart(base.config.vocab_size)
+    pairs = [
+        ("converted-bart (random, d=256, 3+3 layers)", yue2_from_bart(random_bart), random_bart),
+        ("shipped base (d=192, 2+2 layers)", base, bart_from_yue2(base)),
+    ]
+    texts = [r["text"] for r in read_split(ROOT / "data", "general", "eval")[: args.texts]]
+    rows = []
+    for bs in args.batch_sizes:
+        batches = [dict(tokenizer(texts[i : i + bs], truncation=True, max_length=256, padding=True,
+                                  return_tensors="pt")) for i in range(0, len(texts), bs)]
+        if bs == 1:
+            batches = batches[:8]  # batch 1 is the slow case; 8 texts are plenty
+        for name, ours, hf in pairs:
+            row = bench_pair(name, ours, hf, batches, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                             batch_size=bs)
+            rows.append(row)
+            print(f"{row['weights']:<44} batch {bs:>3}: ours {row['ours_tok_s']:>8.1f} tok/s   "
+                  f"HF {row['hf_tok_s']:>8.1f} tok/s   ratio {row['speedup']:.2f}x", flush=True)
+
+    print()
+    print(f"{'weights':<44} {'batch':>5} {'tokens':>7} {'ours tok/s':>11} {'HF tok/s':>10} {'ours/HF':>8}")
+    for r in rows:
+        print(f"{r['weights']:<44} {r['batch_size']:>5} {r['tokens']:>7} {r['ours_tok_s']:>11.1f} "
+              f"{r['hf_tok_s']:>10.1f} {r['speedup']:>7.2f}x")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "python": platform.python_version(), "max_new_tokens": args.max_new_tokens, "repeats": args.repeats}
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

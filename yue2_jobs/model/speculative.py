@@ -1,0 +1,263 @@
+"""Draft-and-verify decoding: `hybrid`, `hybrid_fast` and `prompt_lookup`, batched.
+
+One loop serves all three; they differ in where drafts come from and which are taken on trust:
+
+- `hybrid`: the NAR branch drafts the next k tokens after every step; the next step feeds
+  them through the AR branch (blockwise parallel decoding) and keeps the longest prefix the
+  AR branch agrees with, plus the AR branch's own next token. The confidence head sets each
+  row's draft length. Greedy output equals `ar` greedy; with sampling, speculative sampling's
+  acceptance rule keeps the output distribution equal to `ar` sampling's.
+- `hybrid_fast`: drafts whose confidence is >= `nar_threshold` (a leading run) are committed
+  at once, unverified (lossy); the rest are verified as in `hybrid`. A threshold of 1.0
+  commits nothing unverified and is `hybrid`.
+- `prompt_lookup`: drafts copied from the input or the output so far after the latest
+  n-gram match (prompt lookup decoding, no training); verified as in `hybrid`.
+
+Rows keep their own lengths: row b has `committed[b]` tokens, of which the cache holds the
+first `cached[b]`. Each step feeds, per row, the committed tokens not yet cached and then
+the drafts to verify, at the row's own positions (`Yue2ForConditionalGeneration.decode_block`).
+Rows that finish are dropped from the batch once a quarter of it has finished.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from yue2_jobs.model.generation import SamplingParams, processed_probs
+from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
+from yue2_jobs.model.stats import StatsRecorder
+
+LOOKUP_NGRAM = 3  # longest n-gram prompt lookup matches (it falls back to shorter ones)
+
+
+class HostDrafter(Protocol):
+    """Drafts computed on the host, row by row: the interface prompt lookup implements."""
+
+    def draft(self, row: int, output: list[int]) -> list[int]:
+        """Up to k draft tokens to follow `output` (the tokens generated so far) in batch row `row`."""
+        ...
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How drafts are made and trusted.
+
+    `host_drafter`: None drafts with the NAR branch; otherwise drafts come from it (prompt
+    lookup, or any other `HostDrafter`). `trust_threshold`: NAR drafts with confidence at
+    least this are committed unverified (None: every draft is verified). `min_accept_prob`:
+    a NAR draft is verified only while the product of the confidences up to it is at least this.
+    """
+
+    host_drafter: HostDrafter | None = None
+    trust_threshold: float | None = None
+    min_accept_prob: float = 0.0
+
+
+def _first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True per row of (A, N), N where none is."""
+    n = mask.shape[1]
+    idx = torch.arange(n, device=mask.device).expand_as(mask)
+    return torch.where(mask, idx, n).min(1).values
+
+
+def _leading(mask: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True per row of (A, N)."""
+    return mask.long().cumprod(1).sum(1)
+
+
+class PromptLookupDrafter:
+    """Prompt lookup decoding's drafts: after the latest earlier occurrence of the output's last
+    n tokens (n = LOOKUP_NGRAM down to 1) in the input followed by the output, copy what came next."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *, pad_token_id: int,
+                 k: int) -> None:
+        mask = input_ids.ne(pad_token_id) if attention_mask is None else attention_mask.bool()
+        self.sources = [row[m].tolist() for row, m in zip(input_ids, mask, strict=True)]
+        self.k = k
+
+    def draft(self, row: int, output: list[int]) -> list[int]:
+        hay = self.sources[row] + output
+        for n in range(min(LOOKUP_NGRAM, len(output)), 0, -1):
+            pattern = hay[-n:]
+            for i in range(len(hay) - n - 1, -1, -1):
+                if hay[i : i + n] == pattern:
+                    return hay[i + n : i + n + self.k]
+        return []
+
+
+@torch.inference_mode()
+def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2EncoderState, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor | None, max_new_tokens: int, params: SamplingParams,
+                         generator: torch.Generator | None,
+                         policy: DraftPolicy, stats: StatsRecorder) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decode every row; returns the token buffer (B, >= 1 + max_new_tokens) and lengths (B,)."""
+    cfg, gen = model.config, model.generation_config
+    k, eos, pad = cfg.nar_block_size, cfg.eos_token_id, cfg.pad_token_id
+    dev = input_ids.device
+    b = input_ids.shape[0]
+    total = 1 + max_new_tokens
+    buf = input_ids.new_full((b, total + 2 * k + 2), pad)  # (B, T_buf): room for writes past the end
+    buf[:, 0] = cfg.decoder_start_token_id
+    committed = torch.ones(b, dtype=torch.long, device=dev)
+    cached = torch.zeros(b, dtype=torch.long, device=dev)
+    finished = torch.zeros(b, dtype=torch.bool, device=dev)
+    drafts = buf.new_full((b, k), pad)  # (B, K): drafts awaiting verification, left-aligned
+    n_drafts = torch.zeros(b, dtype=torch.long, device=dev)  # how many of them to verify
+    draft_q: torch.Tensor | None = None  # (B, K, V) their sampling distributions, when sampling
+    caches = model.new_caches(batch_size=b, max_len=total + k + 1)
+    layout = model.step_layout()
+    lookup = policy.host_drafter
+    rows = torch.arange(b, device=dev)  # the batch rows still in the working set
+    ar = torch.arange(k + 1, device=dev)
+
+    while True:
+        # ---- feed uncached committed tokens, then drafts; verify --------------------------
+        c = cached[rows]
+        n_in = (committed[rows] - c).clamp(min=1)  # (A,); a finished row may have none left
+        nd = n_drafts[rows]
+        width = int((n_in + nd).max())
+        slot = torch.arange(width, device=dev)  # (W,)
+        positions = c[:, None] + slot  # (A, W)
+        from_buf = buf[rows[:, None], positions]  # (A, W)
+        d_idx = slot - n_in[:, None]  # (A, W): which draft a slot holds
+        is_draft = (d_idx >= 0) & (d_idx < nd[:, None])
+        tokens = torch.where(is_draft, drafts[rows].gather(1, d_idx.clamp(0, k - 1)), from_buf)
+        hidden = model.decode_block(tokens, enc, caches=caches, positions=positions, layout=layout)  # (A, W, C)
+        # Only the last committed slot and the draft slots predict tokens we need: project
+        # J = 1 + (most drafts in a row) slots to the vocabulary, not all W.
+        j = 1 + int(nd.max())
+        pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J): predicts draft i, then the bonus
+        h = hidden.gather(1, pred_slot[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (A, J, C)
+        logits = layout.lm_logits(h.reshape(-1, h.shape[-1])).view(h.shape[0], j, -1)  # (A, J, V)
+        target_pos = committed[rows][:, None] + ar[:j]  # (A, J): position each prediction fills
+        forced = _forced_tokens(target_pos, total, gen)  # (A, J), -1 where free
+        act_drafts = drafts[rows][:, : j - 1]  # (A, J-1)
+        in_range = ar[: j - 1] < nd[:, None]  # (A, J-1)
+        if params.do_sample:
+            p = processed_probs(logits, params)  # (A, J, V)
+            p = torch.where((forced >= 0)[:, :, None], torch.zeros_like(p).scatter_(
+                2, forced.clamp(min=0)[:, :, None], 1.0), p)
+            n_acc = torch.zeros_like(nd)
+            residual = p[:, 0]
+            if j > 1:
+                if lookup is not None:  # a copied draft is certain: q is one-hot on it
+                    q = torch.zeros_like(p[:, : j - 1]).scatter_(2, act_drafts[:, :, None], 1.0)
+                else:
+                    q = draft_q[rows][:, : j - 1]  # (A, J-1, V)
+                p_d = p[:, : j - 1].gather(2, act_drafts[:, :, None]).squeeze(2)  # (A, J-1)
+                q_d = q.gather(2, act_drafts[:, :, None]).squeeze(2).clamp(min=1e-20)
+                u = torch.rand(p_d.shape, generator=generator, device=dev)
+                n_acc = _leading((u * q_d < p_d) & in_range)  # accept with probability min(1, p/q)
+                p_n = p.gather(1, n_acc[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)  # (A, V)
+                q_n = q.gather(1, n_acc.clamp(max=j - 2)[:, None, None].expand(-1, 1, q.shape[-1])).squeeze(1)
+                # Rejected at n: draw from the residual max(0, p - q); all accepted: from p.
+                residual = torch.where((n_acc < nd)[:, None], (p_n - q_n).clamp(min=0), p_n)
+                residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
+            bonus = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # (A,)
+        else:
+            pred = torch.where(forced >= 0, forced, logits.argmax(-1))  # (A, J)
+            n_acc = _leading((act_drafts == pred[:, : j - 1]) & in_range)
+            bonus = pred.gather(1, n_acc[:, None]).squeeze(1)
+        new = torch.where(ar[: j - 1] < n_acc[:, None], act_drafts, pad)  # (A, J-1)
+        new = torch.cat([new, new.new_zeros(new.shape[0], 1)], 1).scatter_(1, n_acc[:, None], bonus[:, None])
+        count, done = _cut(new, n_acc + 1, eos=eos, room=total - committed[rows])
+        live_before = live = ~finished[rows]
+        count = torch.where(live, count, 0)
+        from_nar = torch.minimum(n_acc, count)
+        buf[rows[:, None], committed[rows][:, None] + ar[:j]] = new
+        cached[rows] = torch.where(live, c + n_in + from_nar, cached[rows])
+        committed[rows] += count
+        finished[rows] |= done & live
+        stepped, step_nar, step_ar = rows[live], from_nar[live], (count - from_nar)[live]
+
+        # ---- next drafts -------------------------------------------------------------------
+        live = ~finished[rows]
+        if not bool(live.any()):
+            stats.record_step(stepped, nar=step_nar, ar=step_ar)
+            break
+        n_drafts[rows] = 0
+        n_trust = torch.zeros_like(live, dtype=torch.long)
+        if lookup is not None:
+            _lookup_drafts(lookup, rows, live, buf, committed, drafts, n_drafts, total)
+        else:
+            src = n_in - 1 + from_nar  # (A,): slot whose prediction was the bonus
+            h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))  # (A, 1, C)
+            d_logits, conf = model.draft_step(h_src[:, 0], bonus, enc, layout=layout)  # (A, K, V), (A, K)
+            conf = conf.sigmoid()
+            if params.do_sample:
+                q = processed_probs(d_logits, params)  # (A, K, V)
+                new_drafts = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(-1, k)
+            else:
+                q, new_drafts = None, d_logits.argmax(-1)
+            room = total - committed[rows]
+            if policy.trust_threshold is not None:
+                trust = _leading(conf >= policy.trust_threshold)
+                n_trust, done = _cut(new_drafts, trust, eos=eos, room=room)
+                n_trust = torch.where(live, n_trust, 0)
+                buf[rows[:, None], committed[rows][:, None] + ar[:k]] = new_drafts
+                committed[rows] += n_trust
+                finished[rows] |= done & live & (n_trust > 0)
+                room = room - n_trust
+            # The rest, shifted left, are verified next step while their joint confidence lasts.
+            shift = (ar[:k] + n_trust[:, None]).clamp(max=k - 1)  # (A, K)
+            rest = new_drafts.gather(1, shift)
+            rest_conf = torch.where(ar[:k] + n_trust[:, None] < k, conf.gather(1, shift), 0.0)
+            n_verify = _leading(rest_conf.cumprod(1) >= policy.min_accept_prob)
+            n_verify = torch.minimum(n_verify, room).clamp(min=0)
+            n_verify = torch.where(live & ~finished[rows], n_verify, 0)
+            drafts[rows] = rest
+            n_drafts[rows] = n_verify
+            if q is not None:
+                if draft_q is None:
+                    draft_q = q.new_zeros(b, k, q.shape[-1])
+                draft_q[rows] = q.gather(1, shift[:, :, None].expand(-1, -1, q.shape[-1]))
+
+        # Trusted drafts count with the step whose hidden state drafted them.
+        stats.record_step(stepped, nar=step_nar + n_trust[live_before], ar=step_ar)
+
+        # ---- drop finished rows from the working set -----------------------------------------
+        live = ~finished[rows]
+        if not bool(live.any()):
+            break
+        n_live = int(live.sum())
+        if n_live * 4 <= 3 * len(rows):
+            keep = live.nonzero().squeeze(1)
+            rows = rows[keep]
+            enc = enc.select(keep)
+            for cache in caches:
+                cache.select(keep)
+    return buf, committed
+
+
+def _forced_tokens(target_pos: torch.Tensor, total: int, gen) -> torch.Tensor:
+    """The generation config's forced BOS (position 1) and EOS (the last position), -1 elsewhere."""
+    forced = torch.full_like(target_pos, -1)
+    if gen.forced_bos_token_id is not None:
+        forced = forced.masked_fill(target_pos == 1, gen.forced_bos_token_id)
+    if gen.forced_eos_token_id is not None:
+        forced = forced.masked_fill(target_pos == total - 1, gen.forced_eos_token_id)
+    return forced
+
+
+def _cut(new: torch.Tensor, count: torch.Tensor, *, eos: int, room: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """How many of `new` (A, N) to commit, wanting `count`: none past the first EOS or the
+    length limit (`room` tokens left). Also says which rows that finishes."""
+    first_eos = _first_true(new == eos)  # (A,)
+    n = torch.minimum(torch.minimum(count, first_eos + 1), room)
+    return n, (first_eos < n) | (n >= room)
+
+
+def _lookup_drafts(lookup: HostDrafter, rows: torch.Tensor, live: torch.Tensor, buf: torch.Tensor,
+                   committed: torch.Tensor, drafts: torch.Tensor, n_drafts: torch.Tensor, total: int) -> None:
+    for i, row in enumerate(rows.tolist()):
+        if not bool(live[i]):
+            continue
+        n = int(committed[row])
+        found = lookup.draft(row, buf[row, 1:n].tolist())[: min(len(drafts[row]), total - n)]
+        if found:
+            drafts[row, : len(found)] = torch.tensor(found, dtype=drafts.dtype)
+            n_drafts[row] = len(found)
+
