@@ -152,6 +152,8 @@ def test_empty_inputs_and_max_new_tokens_1(shipped_base):
         assert ar.shape[1] <= n + 1
     with pytest.raises(ValueError, match="input_ids must be"):
         model.generate(torch.zeros(2, 0, dtype=torch.long), yue_mode="hybrid")
+    with pytest.raises(ValueError, match=r"attention_mask: rows \[1\]"):
+        model.generate(enc["input_ids"], enc["attention_mask"] * torch.tensor([[1], [0], [1]]), yue_mode="hybrid")
 
 
 def test_stats_count_every_generated_token(shipped_base, shipped_inputs):

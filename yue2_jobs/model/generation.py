@@ -139,6 +139,13 @@ def generate(
         raise ValueError(f"nar_iterations must be >= 1, got {nar_iterations}")
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be (batch, length) with length >= 1, got shape {tuple(input_ids.shape)}")
+    if attention_mask is not None:
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must have input_ids' shape {tuple(input_ids.shape)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        empty = (attention_mask.sum(1) == 0).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"attention_mask: rows {empty} attend to no token (each row needs at least one)")
     params = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     generator = None
     if do_sample:

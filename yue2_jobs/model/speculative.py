@@ -93,60 +93,61 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
                          attention_mask: torch.Tensor | None, max_new_tokens: int, params: SamplingParams,
                          generator: torch.Generator | None,
                          policy: DraftPolicy, stats: StatsRecorder) -> tuple[torch.Tensor, torch.Tensor]:
-    """Decode every row; returns the token buffer (B, >= 1 + max_new_tokens) and lengths (B,)."""
+    """Decode every row; returns the tokens (B, >= 1 + max_new_tokens) and each row's length (B,).
+
+    Per-row state is kept for the working set only (A rows, with the caches and encoder state
+    beside it): finished rows are flushed to the output when the set is compacted.
+    """
     cfg, gen = model.config, model.generation_config
     k, eos, pad = cfg.nar_block_size, cfg.eos_token_id, cfg.pad_token_id
     dev = input_ids.device
     b = input_ids.shape[0]
     total = 1 + max_new_tokens
-    buf = input_ids.new_full((b, total + 2 * k + 2), pad)  # (B, T_buf): room for writes past the end
+    out = input_ids.new_full((b, total + 2 * k + 2), pad)  # (B, T_buf): room for writes past the end
+    out_len = torch.ones(b, dtype=torch.long, device=dev)
+    ids = torch.arange(b, device=dev)  # (A,): batch row of each working row
+    buf = out.clone()  # (A, T_buf)
     buf[:, 0] = cfg.decoder_start_token_id
-    committed = torch.ones(b, dtype=torch.long, device=dev)
-    cached = torch.zeros(b, dtype=torch.long, device=dev)
+    committed = torch.ones(b, dtype=torch.long, device=dev)  # (A,) tokens decided, start token included
+    cached = torch.zeros(b, dtype=torch.long, device=dev)  # (A,) of which the caches hold K/V
     finished = torch.zeros(b, dtype=torch.bool, device=dev)
-    drafts = buf.new_full((b, k), pad)  # (B, K): drafts awaiting verification, left-aligned
+    drafts = input_ids.new_full((b, k), pad)  # (A, K): drafts awaiting verification, left-aligned
     n_drafts = torch.zeros(b, dtype=torch.long, device=dev)  # how many of them to verify
-    draft_q: torch.Tensor | None = None  # (B, K, V) their sampling distributions, when sampling
+    draft_q: torch.Tensor | None = None  # (A, K, V) their sampling distributions, when sampling
     caches = model.new_caches(batch_size=b, max_len=total + k + 1)
     layout = model.step_layout()
     lookup = policy.host_drafter
-    rows = torch.arange(b, device=dev)  # the batch rows still in the working set
     ar = torch.arange(k + 1, device=dev)
 
     while True:
         # ---- feed uncached committed tokens, then drafts; verify --------------------------
-        c = cached[rows]
-        n_in = (committed[rows] - c).clamp(min=1)  # (A,); a finished row may have none left
-        nd = n_drafts[rows]
-        width = int((n_in + nd).max())
-        slot = torch.arange(width, device=dev)  # (W,)
-        positions = c[:, None] + slot  # (A, W)
-        from_buf = buf[rows[:, None], positions]  # (A, W)
+        n_in = (committed - cached).clamp(min=1)  # (A,); a finished row may have none left
+        width, j = (int(v) for v in torch.stack([(n_in + n_drafts).max(), n_drafts.max() + 1]).tolist())
+        slot = ar[:width] if width <= k + 1 else torch.arange(width, device=dev)  # (W,)
+        positions = cached[:, None] + slot  # (A, W)
         d_idx = slot - n_in[:, None]  # (A, W): which draft a slot holds
-        is_draft = (d_idx >= 0) & (d_idx < nd[:, None])
-        tokens = torch.where(is_draft, drafts[rows].gather(1, d_idx.clamp(0, k - 1)), from_buf)
+        is_draft = (d_idx >= 0) & (d_idx < n_drafts[:, None])
+        tokens = torch.where(is_draft, drafts.gather(1, d_idx.clamp(0, k - 1)), buf.gather(1, positions))
         hidden = model.decode_block(tokens, enc, caches=caches, positions=positions, layout=layout)  # (A, W, C)
         # Only the last committed slot and the draft slots predict tokens we need: project
         # J = 1 + (most drafts in a row) slots to the vocabulary, not all W.
-        j = 1 + int(nd.max())
         pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J): predicts draft i, then the bonus
         h = hidden.gather(1, pred_slot[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (A, J, C)
         logits = layout.lm_logits(h.reshape(-1, h.shape[-1])).view(h.shape[0], j, -1)  # (A, J, V)
-        target_pos = committed[rows][:, None] + ar[:j]  # (A, J): position each prediction fills
-        forced = _forced_tokens(target_pos, total, gen)  # (A, J), -1 where free
-        act_drafts = drafts[rows][:, : j - 1]  # (A, J-1)
-        in_range = ar[: j - 1] < nd[:, None]  # (A, J-1)
+        forced = _forced_tokens(committed[:, None] + ar[:j], total, gen)  # (A, J), -1 where free
+        act_drafts = drafts[:, : j - 1]  # (A, J-1)
+        in_range = ar[: j - 1] < n_drafts[:, None]  # (A, J-1)
         if params.do_sample:
             p = processed_probs(logits, params)  # (A, J, V)
             p = torch.where((forced >= 0)[:, :, None], torch.zeros_like(p).scatter_(
                 2, forced.clamp(min=0)[:, :, None], 1.0), p)
-            n_acc = torch.zeros_like(nd)
+            n_acc = torch.zeros_like(n_drafts)
             residual = p[:, 0]
             if j > 1:
                 if lookup is not None:  # a copied draft is certain: q is one-hot on it
                     q = torch.zeros_like(p[:, : j - 1]).scatter_(2, act_drafts[:, :, None], 1.0)
                 else:
-                    q = draft_q[rows][:, : j - 1]  # (A, J-1, V)
+                    q = draft_q[:, : j - 1]  # (A, J-1, V)
                 p_d = p[:, : j - 1].gather(2, act_drafts[:, :, None]).squeeze(2)  # (A, J-1)
                 q_d = q.gather(2, act_drafts[:, :, None]).squeeze(2).clamp(min=1e-20)
                 u = torch.rand(p_d.shape, generator=generator, device=dev)
@@ -154,7 +155,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
                 p_n = p.gather(1, n_acc[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)  # (A, V)
                 q_n = q.gather(1, n_acc.clamp(max=j - 2)[:, None, None].expand(-1, 1, q.shape[-1])).squeeze(1)
                 # Rejected at n: draw from the residual max(0, p - q); all accepted: from p.
-                residual = torch.where((n_acc < nd)[:, None], (p_n - q_n).clamp(min=0), p_n)
+                residual = torch.where((n_acc < n_drafts)[:, None], (p_n - q_n).clamp(min=0), p_n)
                 residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
             bonus = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # (A,)
         else:
@@ -163,73 +164,65 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
             bonus = pred.gather(1, n_acc[:, None]).squeeze(1)
         new = torch.where(ar[: j - 1] < n_acc[:, None], act_drafts, pad)  # (A, J-1)
         new = torch.cat([new, new.new_zeros(new.shape[0], 1)], 1).scatter_(1, n_acc[:, None], bonus[:, None])
-        count, done = _cut(new, n_acc + 1, eos=eos, room=total - committed[rows])
-        live_before = live = ~finished[rows]
-        count = torch.where(live, count, 0)
+        count, done = _cut(new, n_acc + 1, eos=eos, room=total - committed)
+        stepped = ~finished  # rows this step decoded for
+        count = count * stepped
         from_nar = torch.minimum(n_acc, count)
-        buf[rows[:, None], committed[rows][:, None] + ar[:j]] = new
-        cached[rows] = torch.where(live, c + n_in + from_nar, cached[rows])
-        committed[rows] += count
-        finished[rows] |= done & live
-        stepped, step_nar, step_ar = rows[live], from_nar[live], (count - from_nar)[live]
+        buf.scatter_(1, committed[:, None] + ar[:j], new)
+        cached = torch.where(stepped, cached + n_in + from_nar, cached)
+        committed = committed + count
+        finished = finished | (done & stepped)
 
         # ---- next drafts -------------------------------------------------------------------
-        live = ~finished[rows]
-        if not bool(live.any()):
-            stats.record_step(stepped, nar=step_nar, ar=step_ar)
-            break
-        n_drafts[rows] = 0
-        n_trust = torch.zeros_like(live, dtype=torch.long)
+        n_trust = torch.zeros_like(n_drafts)
+        n_drafts = torch.zeros_like(n_drafts)
         if lookup is not None:
-            _lookup_drafts(lookup, rows, live, buf, committed, drafts, n_drafts, total)
-        else:
+            n_drafts = _lookup_drafts(lookup, ids, finished, buf, committed, drafts, total)
+        elif not bool(finished.all()):
             src = n_in - 1 + from_nar  # (A,): slot whose prediction was the bonus
-            h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))  # (A, 1, C)
-            d_logits, conf = model.draft_step(h_src[:, 0], bonus, enc, layout=layout)  # (A, K, V), (A, K)
+            h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (A, C)
+            d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V), (A, K)
             conf = conf.sigmoid()
             if params.do_sample:
                 q = processed_probs(d_logits, params)  # (A, K, V)
                 new_drafts = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(-1, k)
             else:
                 q, new_drafts = None, d_logits.argmax(-1)
-            room = total - committed[rows]
+            live = ~finished
+            room = total - committed
             if policy.trust_threshold is not None:
-                trust = _leading(conf >= policy.trust_threshold)
-                n_trust, done = _cut(new_drafts, trust, eos=eos, room=room)
-                n_trust = torch.where(live, n_trust, 0)
-                buf[rows[:, None], committed[rows][:, None] + ar[:k]] = new_drafts
-                committed[rows] += n_trust
-                finished[rows] |= done & live & (n_trust > 0)
+                n_trust, trust_done = _cut(new_drafts, _leading(conf >= policy.trust_threshold), eos=eos, room=room)
+                n_trust = n_trust * live
+                buf.scatter_(1, committed[:, None] + ar[:k], new_drafts)
+                committed = committed + n_trust
+                finished = finished | (trust_done & (n_trust > 0))
                 room = room - n_trust
             # The rest, shifted left, are verified next step while their joint confidence lasts.
             shift = (ar[:k] + n_trust[:, None]).clamp(max=k - 1)  # (A, K)
-            rest = new_drafts.gather(1, shift)
+            drafts = new_drafts.gather(1, shift)
             rest_conf = torch.where(ar[:k] + n_trust[:, None] < k, conf.gather(1, shift), 0.0)
-            n_verify = _leading(rest_conf.cumprod(1) >= policy.min_accept_prob)
-            n_verify = torch.minimum(n_verify, room).clamp(min=0)
-            n_verify = torch.where(live & ~finished[rows], n_verify, 0)
-            drafts[rows] = rest
-            n_drafts[rows] = n_verify
+            n_verify = torch.minimum(_leading(rest_conf.cumprod(1) >= policy.min_accept_prob), room)
+            n_drafts = n_verify * ~finished
             if q is not None:
-                if draft_q is None:
-                    draft_q = q.new_zeros(b, k, q.shape[-1])
-                draft_q[rows] = q.gather(1, shift[:, :, None].expand(-1, -1, q.shape[-1]))
-
+                draft_q = q.gather(1, shift[:, :, None].expand(-1, -1, q.shape[-1]))
         # Trusted drafts count with the step whose hidden state drafted them.
-        stats.record_step(stepped, nar=step_nar + n_trust[live_before], ar=step_ar)
+        stats.record_step(ids[stepped], nar=(from_nar + n_trust)[stepped], ar=(count - from_nar)[stepped])
 
         # ---- drop finished rows from the working set -----------------------------------------
-        live = ~finished[rows]
-        if not bool(live.any()):
-            break
-        n_live = int(live.sum())
-        if n_live * 4 <= 3 * len(rows):
-            keep = live.nonzero().squeeze(1)
-            rows = rows[keep]
+        n_live = int((~finished).sum())
+        if n_live == 0 or n_live * 4 <= 3 * len(ids):
+            done_rows = finished.nonzero().squeeze(1)
+            out[ids[done_rows]] = buf[done_rows]
+            out_len[ids[done_rows]] = committed[done_rows]
+            if n_live == 0:
+                return out, out_len
+            keep = (~finished).nonzero().squeeze(1)
+            ids, buf, committed, cached, finished = ids[keep], buf[keep], committed[keep], cached[keep], finished[keep]
+            drafts, n_drafts = drafts[keep], n_drafts[keep]
+            draft_q = None if draft_q is None else draft_q[keep]
             enc = enc.select(keep)
             for cache in caches:
                 cache.select(keep)
-    return buf, committed
 
 
 def _forced_tokens(target_pos: torch.Tensor, total: int, gen) -> torch.Tensor:
@@ -250,14 +243,16 @@ def _cut(new: torch.Tensor, count: torch.Tensor, *, eos: int, room: torch.Tensor
     return n, (first_eos < n) | (n >= room)
 
 
-def _lookup_drafts(lookup: HostDrafter, rows: torch.Tensor, live: torch.Tensor, buf: torch.Tensor,
-                   committed: torch.Tensor, drafts: torch.Tensor, n_drafts: torch.Tensor, total: int) -> None:
-    for i, row in enumerate(rows.tolist()):
-        if not bool(live[i]):
+def _lookup_drafts(lookup: HostDrafter, ids: torch.Tensor, finished: torch.Tensor, buf: torch.Tensor,
+                   committed: torch.Tensor, drafts: torch.Tensor, total: int) -> torch.Tensor:
+    """Fill `drafts` (A, K) from a host drafter; returns how many each row got (A,)."""
+    n_drafts = torch.zeros_like(committed)
+    k = drafts.shape[1]
+    for i, (row, n, done) in enumerate(zip(ids.tolist(), committed.tolist(), finished.tolist(), strict=True)):
+        if done:
             continue
-        n = int(committed[row])
-        found = lookup.draft(row, buf[row, 1:n].tolist())[: min(len(drafts[row]), total - n)]
+        found = lookup.draft(row, buf[i, 1:n].tolist())[: min(k, total - n)]
         if found:
-            drafts[row, : len(found)] = torch.tensor(found, dtype=drafts.dtype)
-            n_drafts[row] = len(found)
-
+            drafts[i, : len(found)] = torch.tensor(found, dtype=drafts.dtype)
+            n_drafts[i] = len(found)
+    return n_drafts
