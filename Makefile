@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench data checkpoints drafters eval clean
+.PHONY: venv demo test lint bench bench-legal data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -28,6 +28,10 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
+
+# The same decoding-mode table on the legal checkpoint and eval set, whose drafts mostly match.
+bench-legal: $(STAMP)
+	$(PY) benchmarks/decode.py --checkpoint checkpoints/legal --eval-set legal --out benchmarks/results/decode_legal.json
 
 # Rebuild the corpora from the pinned packages and check they match the committed ones.
 data: $(STAMP)

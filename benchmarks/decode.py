@@ -12,6 +12,7 @@ read. On a GPU (device auto) the batch-1 rows also get the memory-bandwidth roof
 weight bytes read per decoder step / HBM bandwidth.
 
     python benchmarks/decode.py [--batch-sizes 1 8 32] [--repeats 3] [--texts 254] [--out results.json]
+    python benchmarks/decode.py --checkpoint checkpoints/legal --eval-set legal
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--hbm-gbps", type=float, default=0.0, help="GPU memory bandwidth (0: from the GPU's name)")
     parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
+    parser.add_argument("--eval-set", default="general", choices=["general", "legal"])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode.json"))
     args = parser.parse_args()
     hf_logging.set_verbosity_error()
@@ -120,7 +122,7 @@ def main() -> None:
     model, tokenizer = load_checkpoint(args.checkpoint)
     hf = bart_from_yue2(model).eval().to(device)
     model.to(device)
-    rows = read_split(ROOT / "data", "general", "eval")
+    rows = read_split(ROOT / "data", args.eval_set, "eval")
     rows = rows[: args.texts] if args.texts else rows
     texts, refs = [r["text"] for r in rows], [r["summary"] for r in rows]
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
@@ -190,6 +192,7 @@ def main() -> None:
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
             "device": gpu or "cpu", "hbm_gbps": bandwidth or None, "python": platform.python_version(),
             "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "checkpoint": args.checkpoint,
+            "eval_set": args.eval_set,
             "step_weight_bytes": {"ar": _step_bytes(model, with_nar=False),
                                   "hybrid": _step_bytes(model, with_nar=True)}}
     out.write_text(json.dumps({"meta": meta, "rows": results}, indent=2) + "\n")
