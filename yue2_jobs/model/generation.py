@@ -174,14 +174,15 @@ def generate(
         buf, lengths = speculative_generate(model, enc=enc, input_ids=input_ids, attention_mask=attention_mask,
                                             max_new_tokens=max_new_tokens, params=params, generator=generator,
                                             policy=policy, stats=stats)
-        seqs = _trim(buf, lengths, model.config.pad_token_id)
+        seqs = trim_to_lengths(buf, lengths, model.config.pad_token_id)
     if return_dict_in_generate:
         return Yue2GenerateOutput(sequences=seqs, stats=stats.finish(), mode=mode)
     return seqs
 
 
-def _trim(buf: torch.Tensor, lengths: torch.Tensor, pad: int) -> torch.Tensor:
-    """Rows of `buf` (B, T) cut to their lengths (B,), padded to the longest."""
+def trim_to_lengths(buf: torch.Tensor, lengths: torch.Tensor, pad: int) -> torch.Tensor:
+    """`generate`'s output from a decode buffer: rows of `buf` (B, T) cut to their lengths (B,),
+    padded to the longest."""
     width = int(lengths.max())
     out = buf[:, :width].clone()
     return out.masked_fill(torch.arange(width, device=buf.device) >= lengths[:, None], pad)
