@@ -23,13 +23,14 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check yue2_jobs tests benchmarks
 
-# Decoding modes side by side on the shipped base checkpoint (a few minutes on 2 cores), then
+# Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
 # our `ar` loop against HF generate on identical weights.
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
 
-# The same decoding-mode table on the legal checkpoint and eval set, whose drafts mostly match.
+# The same decoding-mode table on the legal checkpoint and eval set, whose drafts mostly match
+# (about 12 minutes).
 bench-legal: $(STAMP)
 	$(PY) benchmarks/decode.py --checkpoint checkpoints/legal --eval-set legal --out benchmarks/results/decode_legal.json
 
