@@ -79,6 +79,28 @@ def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return logits.softmax(-1).view(shape)
 
 
+def forced_tokens(target_pos: torch.Tensor, total: int, gen) -> torch.Tensor:
+    """The generation config's forced token for each position in `target_pos`: BOS at position
+    1, EOS at the last one (`total - 1`), -1 where the model chooses freely."""
+    forced = torch.full_like(target_pos, -1)
+    if gen.forced_bos_token_id is not None:
+        forced = forced.masked_fill(target_pos == 1, gen.forced_bos_token_id)
+    if gen.forced_eos_token_id is not None:
+        forced = forced.masked_fill(target_pos == total - 1, gen.forced_eos_token_id)
+    return forced
+
+
+def leading_run(mask: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in each row of (B, N)."""
+    return mask.long().cumprod(1).sum(1)
+
+
+def first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True in each row of (B, N); N where there is none."""
+    n = mask.shape[1]
+    return torch.where(mask, torch.arange(n, device=mask.device), n).min(1).values
+
+
 def prefill(model: Yue2ForConditionalGeneration, input_ids: torch.Tensor,
             attention_mask: torch.Tensor | None) -> Yue2EncoderState:
     """Run the encoder once and precompute every layer's cross-attention K/V."""
@@ -161,7 +183,7 @@ def generate(
         from yue2_jobs.model.nar_decode import nar_generate
 
         seqs = nar_generate(model, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                            params=params, generator=generator, iterations=nar_iterations, stats=stats)
+                            params=params, iterations=nar_iterations, stats=stats)
     else:
         from yue2_jobs.model.speculative import DraftPolicy, PromptLookupDrafter, speculative_generate
 

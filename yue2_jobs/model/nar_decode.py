@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import torch
 
-from yue2_jobs.model.generation import SamplingParams, prefill
+from yue2_jobs.model.generation import SamplingParams, first_true, forced_tokens, leading_run, prefill
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import StatsRecorder
 
 
 @torch.inference_mode()
 def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                 max_new_tokens: int, params: SamplingParams, generator: torch.Generator | None, iterations: int,
-                 stats: StatsRecorder) -> torch.Tensor:
+                 max_new_tokens: int, params: SamplingParams, iterations: int, stats: StatsRecorder) -> torch.Tensor:
     """Decode every row in `iterations` parallel passes; returns (B, 1 + n) as `generate` does."""
     if params.do_sample:
         raise ValueError("mode 'nar' decodes greedily; do_sample=True needs mode 'ar', 'hybrid' or 'hybrid_fast'")
@@ -72,7 +71,7 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
             best_score[:, lo : lo + m] = torch.where(better, score, best_score[:, lo : lo + m])
             best_nar[:, lo : lo + m] |= better
         # Up to the end of the self-consistent prefix, the AR choice is exact: take it.
-        consistent = _leading(x[:, 1:] == ar_pred[:, : width - 1])  # (B,) positions 1 .. c agree
+        consistent = leading_run(x[:, 1:] == ar_pred[:, : width - 1])  # (B,) positions 1 .. c agree
         exact = positions[1:] <= (consistent + 1)[:, None]  # (B, T-1): positions whose AR candidate is exact
         exact &= positions[1:] <= n
         best[:, 1:] = torch.where(exact, _pad_to(ar_pred, total - 1, pad), best[:, 1:])
@@ -85,23 +84,16 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
         width = min(total, int(ends.max()) + 1)
     ends = _first_eos(canvas, eos)  # (B,): index of each row's EOS, or the last position
     out = canvas.masked_fill(positions > ends[:, None], pad)[:, : int(ends.max()) + 1]
-    generated = ends  # tokens 1 .. ends
     nar_tokens = (from_nar & (positions <= ends[:, None]) & (positions >= 1)).sum(1)
-    rows = torch.arange(b, device=dev)
-    stats.record_parallel(rows, steps=iterations, nar=nar_tokens, ar=generated - nar_tokens)
+    stats.record_parallel(steps=iterations, nar=nar_tokens, ar=ends - nar_tokens)  # row b generated ends[b] tokens
     return out
-
-
-def _leading(mask: torch.Tensor) -> torch.Tensor:
-    return mask.long().cumprod(1).sum(1)
 
 
 def _first_eos(canvas: torch.Tensor, eos: int) -> torch.Tensor:
     """Index of the first EOS after the start token per row, else the last index."""
-    t = canvas.shape[1]
-    idx = torch.arange(t, device=canvas.device)
-    hit = (canvas == eos) & (idx >= 1)
-    return torch.where(hit, idx, t - 1).min(1).values
+    hit = canvas == eos
+    hit[:, 0] = False
+    return first_true(hit).clamp(max=canvas.shape[1] - 1)
 
 
 def _pad_to(x: torch.Tensor, width: int, pad: int) -> torch.Tensor:
@@ -111,9 +103,5 @@ def _pad_to(x: torch.Tensor, width: int, pad: int) -> torch.Tensor:
 
 
 def _force(tokens: torch.Tensor, target_pos: torch.Tensor, total: int, gen) -> torch.Tensor:
-    """Apply the generation config's forced BOS (position 1) and EOS (the last position)."""
-    if gen.forced_bos_token_id is not None:
-        tokens = tokens.masked_fill(target_pos == 1, gen.forced_bos_token_id)
-    if gen.forced_eos_token_id is not None:
-        tokens = tokens.masked_fill(target_pos == total - 1, gen.forced_eos_token_id)
-    return tokens
+    forced = forced_tokens(target_pos.expand_as(tokens), total, gen)
+    return torch.where(forced >= 0, forced, tokens)

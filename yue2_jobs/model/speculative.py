@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from yue2_jobs.model.generation import SamplingParams, processed_probs
+from yue2_jobs.model.generation import SamplingParams, first_true, forced_tokens, leading_run, processed_probs
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import StatsRecorder
 
@@ -54,18 +54,6 @@ class DraftPolicy:
     host_drafter: HostDrafter | None = None
     trust_threshold: float | None = None
     min_accept_prob: float = 0.0
-
-
-def _first_true(mask: torch.Tensor) -> torch.Tensor:
-    """Index of the first True per row of (A, N), N where none is."""
-    n = mask.shape[1]
-    idx = torch.arange(n, device=mask.device).expand_as(mask)
-    return torch.where(mask, idx, n).min(1).values
-
-
-def _leading(mask: torch.Tensor) -> torch.Tensor:
-    """Length of the leading run of True per row of (A, N)."""
-    return mask.long().cumprod(1).sum(1)
 
 
 class PromptLookupDrafter:
@@ -134,7 +122,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
         pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J): predicts draft i, then the bonus
         h = hidden.gather(1, pred_slot[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (A, J, C)
         logits = layout.lm_logits(h.reshape(-1, h.shape[-1])).view(h.shape[0], j, -1)  # (A, J, V)
-        forced = _forced_tokens(committed[:, None] + ar[:j], total, gen)  # (A, J), -1 where free
+        forced = forced_tokens(committed[:, None] + ar[:j], total, gen)  # (A, J), -1 where free
         act_drafts = drafts[:, : j - 1]  # (A, J-1)
         in_range = ar[: j - 1] < n_drafts[:, None]  # (A, J-1)
         if params.do_sample:
@@ -151,7 +139,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
                 p_d = p[:, : j - 1].gather(2, act_drafts[:, :, None]).squeeze(2)  # (A, J-1)
                 q_d = q.gather(2, act_drafts[:, :, None]).squeeze(2).clamp(min=1e-20)
                 u = torch.rand(p_d.shape, generator=generator, device=dev)
-                n_acc = _leading((u * q_d < p_d) & in_range)  # accept with probability min(1, p/q)
+                n_acc = leading_run((u * q_d < p_d) & in_range)  # accept with probability min(1, p/q)
                 p_n = p.gather(1, n_acc[:, None, None].expand(-1, 1, p.shape[-1])).squeeze(1)  # (A, V)
                 q_n = q.gather(1, n_acc.clamp(max=j - 2)[:, None, None].expand(-1, 1, q.shape[-1])).squeeze(1)
                 # Rejected at n: draw from the residual max(0, p - q); all accepted: from p.
@@ -160,7 +148,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
             bonus = torch.multinomial(residual, 1, generator=generator).squeeze(1)  # (A,)
         else:
             pred = torch.where(forced >= 0, forced, logits.argmax(-1))  # (A, J)
-            n_acc = _leading((act_drafts == pred[:, : j - 1]) & in_range)
+            n_acc = leading_run((act_drafts == pred[:, : j - 1]) & in_range)
             bonus = pred.gather(1, n_acc[:, None]).squeeze(1)
         new = torch.where(ar[: j - 1] < n_acc[:, None], act_drafts, pad)  # (A, J-1)
         new = torch.cat([new, new.new_zeros(new.shape[0], 1)], 1).scatter_(1, n_acc[:, None], bonus[:, None])
@@ -191,7 +179,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
             live = ~finished
             room = total - committed
             if policy.trust_threshold is not None:
-                n_trust, trust_done = _cut(new_drafts, _leading(conf >= policy.trust_threshold), eos=eos, room=room)
+                n_trust, trust_done = _cut(new_drafts, leading_run(conf >= policy.trust_threshold), eos=eos, room=room)
                 n_trust = n_trust * live
                 buf.scatter_(1, committed[:, None] + ar[:k], new_drafts)
                 committed = committed + n_trust
@@ -201,7 +189,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
             shift = (ar[:k] + n_trust[:, None]).clamp(max=k - 1)  # (A, K)
             drafts = new_drafts.gather(1, shift)
             rest_conf = torch.where(ar[:k] + n_trust[:, None] < k, conf.gather(1, shift), 0.0)
-            n_verify = torch.minimum(_leading(rest_conf.cumprod(1) >= policy.min_accept_prob), room)
+            n_verify = torch.minimum(leading_run(rest_conf.cumprod(1) >= policy.min_accept_prob), room)
             n_drafts = n_verify * ~finished
             if q is not None:
                 draft_q = q.gather(1, shift[:, :, None].expand(-1, -1, q.shape[-1]))
@@ -225,20 +213,10 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
                 cache.select(keep)
 
 
-def _forced_tokens(target_pos: torch.Tensor, total: int, gen) -> torch.Tensor:
-    """The generation config's forced BOS (position 1) and EOS (the last position), -1 elsewhere."""
-    forced = torch.full_like(target_pos, -1)
-    if gen.forced_bos_token_id is not None:
-        forced = forced.masked_fill(target_pos == 1, gen.forced_bos_token_id)
-    if gen.forced_eos_token_id is not None:
-        forced = forced.masked_fill(target_pos == total - 1, gen.forced_eos_token_id)
-    return forced
-
-
 def _cut(new: torch.Tensor, count: torch.Tensor, *, eos: int, room: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """How many of `new` (A, N) to commit, wanting `count`: none past the first EOS or the
     length limit (`room` tokens left). Also says which rows that finishes."""
-    first_eos = _first_true(new == eos)  # (A,)
+    first_eos = first_true(new == eos)  # (A,)
     n = torch.minimum(torch.minimum(count, first_eos + 1), room)
     return n, (first_eos < n) | (n >= room)
 

@@ -56,11 +56,11 @@ class StatsRecorder:
         self.ar += tokens
         self.histogram[:, 0] += tokens
 
-    def record_parallel(self, rows: torch.Tensor, *, steps: int, nar: torch.Tensor, ar: torch.Tensor) -> None:
-        """Rows (R,) decoded in `steps` fully parallel passes (`nar` mode)."""
-        self.steps.index_add_(0, rows, torch.full_like(rows, steps))
-        self.nar.index_add_(0, rows, nar)
-        self.ar.index_add_(0, rows, ar)
+    def record_parallel(self, *, steps: int, nar: torch.Tensor, ar: torch.Tensor) -> None:
+        """Every row decoded in `steps` fully parallel passes (`nar` mode), nar + ar tokens each (B,)."""
+        self.steps += steps
+        self.nar += nar
+        self.ar += ar
 
     def finish(self) -> list[SequenceStats]:
         hist = self.histogram.tolist()
