@@ -160,3 +160,36 @@ def test_models_built_in_inference_mode_decode_with_current_weights(tiny_config,
         second = generate(model, **kw)
     assert not torch.equal(first[:, 1], second[:, 1])
     assert torch.equal(second[:, 1], expected)
+
+
+def test_decode_block_at_per_row_positions_equals_the_general_decoder(tiny_yue2, batch):
+    """Rows at different lengths, several tokens each: what hybrid verification runs."""
+    ids, mask = batch
+    b = ids.shape[0]
+    dec = torch.randint(4, tiny_yue2.config.vocab_size, (b, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        enc = tiny_yue2.encode(ids, mask)
+        full = tiny_yue2.decode(dec, enc)  # (B, 9, C), causal, no cache
+        caches = tiny_yue2.new_caches(batch_size=b, max_len=16)
+        layout = tiny_yue2.step_layout()
+        start = torch.tensor([0, 2, 3, 1])[:b]  # then each row re-feeds 3 tokens from its own position
+        first = torch.arange(4).expand(b, -1)  # every row writes positions 0..3 first
+        tiny_yue2.decode_block(dec[:, :4], enc, caches=caches, positions=first, layout=layout)
+        positions = start[:, None] + torch.arange(3)  # (B, 3): rows re-feed from their own position
+        tokens = dec.gather(1, positions)
+        got = tiny_yue2.decode_block(tokens, enc, caches=caches, positions=positions, layout=layout)
+    expected = full.gather(1, positions[:, :, None].expand(-1, -1, full.shape[-1]))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_draft_step_equals_draft(tiny_yue2, batch):
+    ids, mask = batch
+    b = ids.shape[0]
+    with torch.no_grad():
+        enc = tiny_yue2.encode(ids, mask)
+        hidden = tiny_yue2.decode(torch.full((b, 3), 2), enc)[:, -1]  # (B, C)
+        nxt = torch.tensor([7, 8, 9, 10])[:b]
+        logits, conf = tiny_yue2.draft(hidden[:, None], nxt[:, None], enc)
+        fast_logits, fast_conf = tiny_yue2.draft_step(hidden, nxt, enc, layout=tiny_yue2.step_layout())
+    torch.testing.assert_close(fast_logits, logits[:, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast_conf, conf[:, 0], atol=1e-5, rtol=1e-5)
