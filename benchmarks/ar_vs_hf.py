@@ -12,7 +12,6 @@ machine noise hits both; the ratio is the figure to read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -21,15 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 from transformers import BartConfig, BartForConditionalGeneration
-from transformers.utils import logging as hf_logging
 
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _random_bart(vocab_size: int) -> BartForConditionalGeneration:
@@ -89,19 +86,10 @@ def bench_pair(name: str, ours_model, hf_model, batches: list[dict[str, torch.Te
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--texts", type=int, default=32, help="held-out texts decoded per timing")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ar_vs_hf.json"))
+    parser = parser_with_common_arguments(__doc__, out_name="ar_vs_hf.json", texts_default=32,
+                                          texts_help="held-out texts decoded per timing")
     args = parser.parse_args()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_arguments(args)
 
     base_dir = Path(args.checkpoint)
     base, tokenizer = load_checkpoint(base_dir)

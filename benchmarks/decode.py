@@ -17,7 +17,6 @@ weight bytes read per decoder step / HBM bandwidth.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
+from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2
@@ -36,7 +35,6 @@ from yue2_jobs.model.evaluate import rouge
 from yue2_jobs.model.generation import generate
 from yue2_jobs.model.stats import summarize_stats
 
-ROOT = Path(__file__).resolve().parent.parent
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # by GPU name; --hbm-gbps overrides
 
 
@@ -100,23 +98,14 @@ def _step_bytes(model, *, with_nar: bool) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--texts", type=int, default=0, help="eval texts to decode (0: all)")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser = parser_with_common_arguments(__doc__, out_name="decode.json", texts_default=0,
+                                          texts_help="eval texts to decode (0: all)")
     parser.add_argument("--thresholds", type=float, nargs=3, default=[0.9, 0.7, 0.5])
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--hbm-gbps", type=float, default=0.0, help="GPU memory bandwidth (0: from the GPU's name)")
-    parser.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
     parser.add_argument("--eval-set", default="general", choices=["general", "legal"])
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode.json"))
     args = parser.parse_args()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_common_arguments(args)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
 
     model, tokenizer = load_checkpoint(args.checkpoint)
