@@ -522,14 +522,15 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         return layout.lm_logits(x)
 
     def decode_block(self, tokens: torch.Tensor, enc: Yue2EncoderState, *, caches: list[Yue2KVCache],
-                     positions: torch.Tensor, layout: Yue2StepLayout) -> torch.Tensor:
+                     positions: torch.Tensor, layout: Yue2StepLayout, span: int | None = None) -> torch.Tensor:
         """AR inference over W tokens per row at per-row positions: tokens, positions (B, W) -> hidden (B, W, C).
 
         What hybrid verification runs: rows sit at different lengths, so each writes its cache
         at its own positions and each query sees the cache up to its own position (a query
         never sees a position after it, so stale entries there from rejected drafts are
         harmless). Positions past the position table (drafts beyond the length limit, which
-        are never accepted) read its last row instead of failing.
+        are never accepted) read its last row instead of failing. `span` (1 + the largest
+        position), when the caller knows it, saves reading it back from the device.
         """
         b, w = tokens.shape
         ln = self.decoder_layernorm_embedding
@@ -540,7 +541,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         pos = positions.clamp(max=limit).reshape(-1) + POSITION_OFFSET  # (B*W,)
         x = x + F.embedding(pos, self.decoder_embed_positions.weight)
         x = F.layer_norm(x, (x.shape[-1],), ln.weight, ln.bias, ln.eps)
-        span = min(int(positions.max()) + 1, caches[0].k.shape[2])
+        span = min(int(positions.max()) + 1 if span is None else span, caches[0].k.shape[2])
         key_pos = torch.arange(span, device=tokens.device)
         self_mask = (key_pos <= positions[:, :, None])[:, None]  # (B, 1, W, span)
         for i, layer in enumerate(self.decoder_layers):

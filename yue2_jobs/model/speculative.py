@@ -110,13 +110,15 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
     while True:
         # ---- feed uncached committed tokens, then drafts; verify --------------------------
         n_in = (committed - cached).clamp(min=1)  # (A,); a finished row may have none left
-        width, j = (int(v) for v in torch.stack([(n_in + n_drafts).max(), n_drafts.max() + 1]).tolist())
+        # Host sync 1 of 2: the block's width, how many slots to project, how far the caches reach.
+        width, j, reach = torch.stack([(n_in + n_drafts).max(), n_drafts.max() + 1, cached.max()]).tolist()
         slot = ar[:width] if width <= k + 1 else torch.arange(width, device=dev)  # (W,)
         positions = cached[:, None] + slot  # (A, W)
         d_idx = slot - n_in[:, None]  # (A, W): which draft a slot holds
         is_draft = (d_idx >= 0) & (d_idx < n_drafts[:, None])
         tokens = torch.where(is_draft, drafts.gather(1, d_idx.clamp(0, k - 1)), buf.gather(1, positions))
-        hidden = model.decode_block(tokens, enc, caches=caches, positions=positions, layout=layout)  # (A, W, C)
+        hidden = model.decode_block(tokens, enc, caches=caches, positions=positions, layout=layout,
+                                    span=reach + width)  # (A, W, C)
         # Only the last committed slot and the draft slots predict tokens we need: project
         # J = 1 + (most drafts in a row) slots to the vocabulary, not all W.
         pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J): predicts draft i, then the bonus
@@ -164,9 +166,10 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
         # ---- next drafts -------------------------------------------------------------------
         n_trust = torch.zeros_like(n_drafts)
         n_drafts = torch.zeros_like(n_drafts)
+        n_live = int((~finished).sum())  # host sync 2 of 2 (hybrid_fast's trusted commits add a third)
         if lookup is not None:
             n_drafts = _lookup_drafts(lookup, ids, finished, buf, committed, drafts, total)
-        elif not bool(finished.all()):
+        elif n_live:
             src = n_in - 1 + from_nar  # (A,): slot whose prediction was the bonus
             h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (A, C)
             d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V), (A, K)
@@ -184,6 +187,7 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
                 buf.scatter_(1, committed[:, None] + ar[:k], new_drafts)
                 committed = committed + n_trust
                 finished = finished | (trust_done & (n_trust > 0))
+                n_live = int((~finished).sum())
                 room = room - n_trust
             # The rest, shifted left, are verified next step while their joint confidence lasts.
             shift = (ar[:k] + n_trust[:, None]).clamp(max=k - 1)  # (A, K)
@@ -197,7 +201,6 @@ def speculative_generate(model: Yue2ForConditionalGeneration, *, enc: Yue2Encode
         stats.record_step(ids[stepped], nar=(from_nar + n_trust)[stepped], ar=(count - from_nar)[stepped])
 
         # ---- drop finished rows from the working set -----------------------------------------
-        n_live = int((~finished).sum())
         if n_live == 0 or n_live * 4 <= 3 * len(ids):
             done_rows = finished.nonzero().squeeze(1)
             out[ids[done_rows]] = buf[done_rows]
