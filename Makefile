@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check yue2_jobs tests benchmarks
+	$(VENV)/bin/ruff check yue2_jobs workers migrations tests benchmarks
 
 # Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
 # our `ar` loop against HF generate on identical weights.

@@ -1,11 +1,14 @@
-"""`yue2` command line: train, evaluate, convert and run YuE2 checkpoints."""
+"""`yue2` command line: the job pipeline (api, worker, submit, wait, ...) and the model tools
+(train, eval, convert, summarize)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from transformers.utils import logging as hf_logging
 
@@ -55,9 +58,195 @@ def _cmd_summarize(args: argparse.Namespace) -> None:
                          ensure_ascii=False))
 
 
+def _settings() -> Any:
+    from pydantic import ValidationError
+
+    from yue2_jobs.core.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SystemExit(f"yue2: invalid configuration: {exc}") from None
+
+
+def _cmd_migrate(args: argparse.Namespace) -> None:
+    from yue2_jobs.db.migrate import upgrade_head
+
+    url = upgrade_head(args.database_url or _settings().resolved_database_url)
+    print(f"database at head: {url.split('@')[-1]}")
+
+
+def _cmd_apikey(args: argparse.Namespace) -> None:
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.db.session import session_factory
+
+    with session_factory(_settings().resolved_database_url)() as session:
+        print(create_api_key(session, tenant=args.tenant, name=args.name))
+
+
+def _cmd_api(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from yue2_jobs.api.app import create_app
+
+    settings = _settings()
+    uvicorn.run(create_app(settings), host=args.host or settings.api_host, port=args.port or settings.api_port,
+                log_level="warning")
+
+
+def _cmd_worker(args: argparse.Namespace) -> None:
+    from workers.main import run_worker
+
+    settings = _settings()
+    run_worker(settings, variant=args.variant or settings.default_variant, name=args.name,
+               reconcile=not args.no_reconcile)
+
+
+def _cmd_reconcile(args: argparse.Namespace) -> None:
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.jobs.reconciler import reconcile_once
+    from yue2_jobs.queue import make_celery
+    from yue2_jobs.storage import storage_from_url
+
+    s = _settings()
+    with session_factory(s.resolved_database_url)() as session:
+        report = reconcile_once(session, settings=s, celery_app=make_celery(s),
+                                storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
+    print(json.dumps(report.__dict__))
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from yue2_jobs.client import Client
+
+    key = args.api_key or os.environ.get("YUE2_API_KEY")
+    if not key:
+        raise SystemExit("yue2: no API key: pass --api-key or set YUE2_API_KEY (create one with `yue2 apikey`)")
+    return Client(args.api_url, key)
+
+
+def _cmd_submit(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    path = Path(args.file)
+    client = _client(args)
+    with tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
+        f = client.upload(path, progress=bar.update)
+    batch = client.create_batch(f["id"], endpoint=args.endpoint)
+    print(batch["id"])
+    print(f"{batch['request_counts']['total']} requests, status {batch['status']}", file=sys.stderr)
+
+
+def _cmd_status(args: argparse.Namespace) -> None:
+    print(json.dumps(_client(args).status(args.id), indent=2, ensure_ascii=False))
+
+
+def _cmd_wait(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    client = _client(args)
+    is_batch = args.id.startswith("batch_")
+    with tqdm(total=None, unit="req" if is_batch else "job", desc=args.id[:18], file=sys.stderr) as bar:
+        def update(state: dict[str, Any]) -> None:
+            if is_batch:
+                counts = state["request_counts"]
+                bar.total = counts["total"]
+                bar.n = counts["completed"] + counts["failed"]
+            bar.set_postfix_str(state["status"])
+            bar.refresh()
+
+        state = client.wait(args.id, poll_s=args.poll, timeout_s=args.timeout, on_update=update)
+    print(json.dumps({k: state.get(k) for k in ("id", "status", "request_counts", "output_file_id",
+                                                 "error_file_id", "output", "error") if k in state},
+                     ensure_ascii=False))
+    if state["status"] not in ("completed", "succeeded"):
+        raise SystemExit(1)
+
+
+def _cmd_results(args: argparse.Namespace) -> None:
+    client = _client(args)
+    state = client.status(args.id)
+    out = sys.stdout.buffer if args.output == "-" else open(args.output, "wb")
+    try:
+        if args.id.startswith("batch_"):
+            if not state.get("output_file_id") and not state.get("error_file_id"):
+                raise SystemExit(f"yue2: batch is {state['status']}; results exist once it is completed or "
+                                 f"cancelled")
+            for key in ("output_file_id", "error_file_id") if args.errors else ("output_file_id",):
+                if state.get(key):
+                    out.write(client.file_content(state[key]))
+        else:
+            out.write((json.dumps(state, ensure_ascii=False) + "\n").encode())
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+
+
+def _cmd_cancel(args: argparse.Namespace) -> None:
+    state = _client(args).cancel(args.id)
+    print(f"{state['id']}: {state['status']}")
+
+
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from yue2_jobs.demo import main as demo_main
+
+    demo_main(items=args.items)
+
+
+def _add_pipeline_commands(sub: Any) -> None:
+    def client_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"))
+        p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
+
+    p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
+    p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
+    p.set_defaults(func=_cmd_migrate)
+    p = sub.add_parser("apikey", help="create an API key for a tenant (printed once)")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--name", default="")
+    p.set_defaults(func=_cmd_apikey)
+    p = sub.add_parser("api", help="serve the HTTP API")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=_cmd_api)
+    p = sub.add_parser("worker", help="run a worker: one process, one variant's model")
+    p.add_argument("--variant", default=None, help="default: YUE2_DEFAULT_VARIANT")
+    p.add_argument("--name", default=None, help="Celery node name (default variant-pid@host)")
+    p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")
+    p.set_defaults(func=_cmd_worker)
+    p = sub.add_parser("reconcile", help="run the reconciler once")
+    p.set_defaults(func=_cmd_reconcile)
+    p = sub.add_parser("submit", help="upload a JSONL file and start a batch on it; prints the batch id")
+    p.add_argument("file")
+    p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate"])
+    client_args(p)
+    p.set_defaults(func=_cmd_submit)
+    for name, func, text in (("status", _cmd_status, "show a job or batch"),
+                             ("cancel", _cmd_cancel, "cancel a job or batch")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("id")
+        client_args(p)
+        p.set_defaults(func=func)
+    p = sub.add_parser("wait", help="wait for a job or batch to finish, with a progress bar")
+    p.add_argument("id")
+    p.add_argument("--poll", type=float, default=1.0)
+    p.add_argument("--timeout", type=float, default=None)
+    client_args(p)
+    p.set_defaults(func=_cmd_wait)
+    p = sub.add_parser("results", help="write a batch's output file (or a job's record) as JSONL")
+    p.add_argument("id")
+    p.add_argument("-o", "--output", default="-")
+    p.add_argument("--errors", action="store_true", help="append the error file's lines too")
+    client_args(p)
+    p.set_defaults(func=_cmd_results)
+    p = sub.add_parser("demo", help="the embedded pipeline demo (`make demo`)")
+    p.add_argument("--items", type=int, default=200)
+    p.set_defaults(func=_cmd_demo)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="yue2", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_pipeline_commands(sub)
 
     p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory")
     p.add_argument("src")

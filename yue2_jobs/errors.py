@@ -35,3 +35,50 @@ class PickleWeightsRefusedError(CheckpointError):
 
 class DataError(Yue2Error):
     """Raised when a corpus cannot be built or read (missing source package, empty split, bad line)."""
+
+
+class PipelineError(Yue2Error):
+    """Root of the errors of the job pipeline (API, storage, queue, workers)."""
+
+
+class InvalidRequestError(PipelineError):
+    """Raised when a request or job line breaks a rule; `field` names what, `status` is the HTTP code."""
+
+    def __init__(self, message: str, *, field: str, status: int = 422, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.field, self.status, self.code = field, status, code
+
+
+class LimitExceededError(InvalidRequestError):
+    """Raised when a request is over an explicit limit; the message names the field and the limit."""
+
+    def __init__(self, *, field: str, limit: int, actual: int, unit: str, status: int = 413) -> None:
+        super().__init__(f"{field} is {actual:,} {unit}, over the limit of {limit:,} {unit}", field=field,
+                         status=status, code="limit_exceeded")
+        self.limit, self.actual = limit, actual
+
+
+class NotFoundError(PipelineError):
+    """Raised when an id names nothing the caller's tenant owns (other tenants' ids included)."""
+
+
+class AuthError(PipelineError):
+    """Raised when a request carries no API key or one that is unknown or revoked."""
+
+
+class ConflictError(PipelineError):
+    """Raised when an action does not fit the object's state (cancelling a finished batch, say)."""
+
+
+class StorageError(PipelineError):
+    """Raised when the object store fails permanently (missing bucket, access denied, missing key)."""
+
+
+class StorageUnavailableError(StorageError):
+    """Raised when the object store cannot be reached or throttles; the operation may be retried."""
+
+    retryable = True
+
+
+class JobExecutionError(PipelineError):
+    """Raised when one job cannot be run (unreadable input, decoding error); it fails alone."""

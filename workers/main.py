@@ -1,0 +1,81 @@
+"""`yue2 worker`: one Celery worker process holding one variant's model.
+
+The solo pool runs batches in the main thread (a prefork pool breaks CUDA, celery#3402). Two
+daemon threads run beside it: the lease heartbeat, which keeps this worker's claims alive while a
+long batch runs, and the reconciler (one at a time across workers, by an advisory lock).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.session import session_factory
+from yue2_jobs.jobs.reconciler import reconcile_once
+from yue2_jobs.jobs.state import renew_leases
+from yue2_jobs.queue import make_celery, queue_for
+from yue2_jobs.storage import storage_from_url
+
+log = logging.getLogger("yue2.worker")
+
+
+def load_runner(settings: Settings, variant: str) -> Any:
+    module, _, factory = settings.runner.partition(":")
+    return getattr(importlib.import_module(module), factory)(variant=variant, settings=settings)
+
+
+def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> threading.Thread:
+    def loop() -> None:
+        while not stop.wait(interval_s):
+            try:
+                fn()
+            except Exception:
+                log.exception("%s failed; retrying in %.1fs", what, interval_s)
+
+    thread = threading.Thread(target=loop, name=what, daemon=True)
+    thread.start()
+    return thread
+
+
+def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
+    from workers.tasks import WorkerContext, register
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if variant not in settings.checkpoints:
+        raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
+                         f"({sorted(settings.checkpoints)})")
+    node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
+    sessions = session_factory(settings.resolved_database_url)
+    storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
+                               region=settings.s3_region)
+    runner = load_runner(settings, variant)
+    log.info("worker %s serving %s on queue %s", node, runner.checkpoint, queue_for(variant))
+    ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
+    app = make_celery(settings)
+    register(app, lambda: ctx, settings)
+
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        with ctx.lock:
+            claims = dict(ctx.claims)
+        with sessions() as session:
+            renew_leases(session, claims=claims, lease_s=settings.lease_s)
+
+    def reconcile() -> None:
+        with sessions() as session:
+            reconcile_once(session, settings=settings, celery_app=app, storage=storage)
+
+    _every(settings.lease_s / 3, stop, heartbeat, "lease-heartbeat")
+    if reconcile:
+        _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
+    try:
+        app.worker_main(["worker", "--pool", "solo", "--queues", queue_for(variant), "--hostname", node,
+                         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--task-events"])
+    finally:
+        stop.set()

@@ -1,0 +1,105 @@
+"""A worker's job runner: one YuE2 checkpoint in memory, micro-batches of jobs through `generate`.
+
+Jobs with equal decoding parameters share `generate` calls (length-sorted, to cut padding). If a
+call raises, its jobs are split in halves and retried, so only the job that breaks decoding fails
+and its batch-mates succeed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.errors import JobExecutionError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobInput:
+    id: str
+    kind: str
+    text: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobOutput:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    decoder_steps: int
+    nar_tokens: int
+
+
+def checkpoint_version(directory: Path) -> str:
+    """The first 12 hex digits of the manifest's sha256: names the exact weights that ran."""
+    manifest = directory / "manifest.json"
+    if not manifest.is_file():
+        return "unversioned"
+    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
+
+
+class ModelRunner:
+    """Loads `variant`'s checkpoint once; `run` returns one output or exception per job, in order."""
+
+    def __init__(self, *, variant: str, settings: Settings) -> None:
+        from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
+
+        directory = Path(settings.checkpoints[variant])
+        verify_checkpoint_dir(directory)
+        if settings.torch_threads:
+            torch.set_num_threads(settings.torch_threads)
+        self.variant = variant
+        self.checkpoint = f"{variant}@{checkpoint_version(directory)}"
+        self.model, self.tokenizer = load_checkpoint(directory)
+        self.max_batch = settings.batch_max_jobs
+        self.max_input_tokens = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+
+    def run(self, jobs: list[JobInput]) -> list[JobOutput | Exception]:
+        results: dict[str, JobOutput | Exception] = {}
+        groups: dict[str, list[JobInput]] = defaultdict(list)
+        for job in jobs:
+            groups[repr(sorted(job.params.items()))].append(job)
+        for group in groups.values():
+            group.sort(key=lambda j: len(j.text))
+            for start in range(0, len(group), self.max_batch):
+                self._run_isolating(group[start:start + self.max_batch], results)
+        return [results[j.id] for j in jobs]
+
+    def _run_isolating(self, jobs: list[JobInput], results: dict[str, JobOutput | Exception]) -> None:
+        try:
+            for job, out in zip(jobs, self.generate(jobs), strict=True):
+                results[job.id] = out
+        except Exception as exc:  # a decoding failure of any kind: find the job that causes it
+            if len(jobs) == 1:
+                log.exception("job %s failed", jobs[0].id)
+                results[jobs[0].id] = JobExecutionError(f"decoding failed: {type(exc).__name__}: {exc}")
+                return
+            mid = len(jobs) // 2
+            self._run_isolating(jobs[:mid], results)
+            self._run_isolating(jobs[mid:], results)
+
+    @torch.inference_mode()
+    def generate(self, jobs: list[JobInput]) -> list[JobOutput]:
+        """One `generate` call for jobs that share their decoding parameters."""
+        params = dict(jobs[0].params)
+        enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
+                             padding=True, return_tensors="pt")
+        res = self.model.generate(
+            enc["input_ids"], enc["attention_mask"], yue_mode=params.pop("mode"),
+            max_new_tokens=params.pop("max_new_tokens"), return_dict_in_generate=True,
+            do_sample=params.pop("do_sample", False), temperature=params.pop("temperature", 1.0),
+            top_k=params.pop("top_k", None) or 0, top_p=params.pop("top_p", None) or 1.0, **params)
+        texts = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
+        input_tokens = enc["attention_mask"].sum(dim=1).tolist()
+        return [JobOutput(text=t.strip(), input_tokens=int(n), output_tokens=st.tokens,
+                          decoder_steps=st.decoder_steps, nar_tokens=st.nar_tokens)
+                for t, n, st in zip(texts, input_tokens, res.stats, strict=True)]

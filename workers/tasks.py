@@ -1,0 +1,129 @@
+"""The Celery task a worker runs: micro-batches of job ids (celery-batches) through its model.
+
+celery-batches acks the whole micro-batch when `run_jobs` returns and marks every request failed
+if it raises, so `process_jobs` never raises for a job's sake: each job ends `succeeded` or
+`failed` in Postgres on its own. A job that was already started once (its worker died) runs alone,
+so a job that kills its worker uses up only its own attempts, not its batch-mates'.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Celery
+from celery_batches import Batches
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from workers.runner import JobInput, JobOutput
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.models import Job, JobStatus
+from yue2_jobs.errors import Yue2Error
+from yue2_jobs.jobs.batches import job_output_body, try_finalize
+from yue2_jobs.jobs.service import output_key
+from yue2_jobs.jobs.state import claim_jobs, finish_jobs
+from yue2_jobs.queue import TASK_NAME
+from yue2_jobs.storage import Storage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    sessions: sessionmaker[Session]
+    storage: Storage
+    runner: Any  # workers.runner.ModelRunner or a test's runner with the same `run` and `checkpoint`
+    name: str
+    claims: dict[str, str] = field(default_factory=dict)  # job id -> claim token, renewed by the heartbeat
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    code = "invalid_input" if isinstance(exc, Yue2Error) and not exc.retryable else "job_failed"
+    return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
+
+
+def _run_claimed(ctx: WorkerContext, session: Session, rows: list[Any]) -> None:
+    inputs: list[JobInput] = []
+    results: list[dict[str, Any]] = []
+    for row in rows:
+        try:
+            text = row.input_text if row.input_key is None else ctx.storage.get(row.input_key).decode()
+            inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
+        except Exception as exc:  # storage failure for one input fails only that job
+            results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
+                            "error": _failure(exc), "checkpoint": ctx.runner.checkpoint})
+    by_id = {r.id: r for r in rows}
+    outputs = ctx.runner.run(inputs) if inputs else []
+    for job_in, out in zip(inputs, outputs, strict=True):
+        row = by_id[job_in.id]
+        if isinstance(out, JobOutput):
+            try:
+                results.append(_store_output(ctx, row, out))
+            except Exception as exc:
+                results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
+                                "error": _failure(exc), "checkpoint": ctx.runner.checkpoint})
+        else:
+            results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
+                            "error": _failure(out), "checkpoint": ctx.runner.checkpoint})
+    finish_jobs(session, results)
+    with ctx.lock:
+        for row in rows:
+            ctx.claims.pop(row.id, None)
+
+
+def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> dict[str, Any]:
+    key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
+    values = {"checkpoint": ctx.runner.checkpoint, "input_tokens": out.input_tokens,
+              "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
+    job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
+    ctx.storage.put(key, json.dumps(job_output_body(job, out.text), ensure_ascii=False).encode())
+    inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
+    return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
+            "output_text": inline, "error": None, **values}
+
+
+def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
+    """Claim, run and record `job_ids`; ids that are finished or held by a live claim are skipped."""
+    s = ctx.settings
+    job_ids = list(dict.fromkeys(job_ids))
+    with ctx.sessions() as session:
+        attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
+        session.commit()
+        fresh = [j for j in job_ids if attempts.get(j) == 0]
+        suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
+        batch_ids: set[str] = set()
+        # Suspects are claimed one at a time, right before they run alone.
+        for group in [fresh, *([j] for j in suspects)]:
+            rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
+                                         max_attempts=s.max_attempts)
+            if exhausted:
+                log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
+                batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
+            if not rows:
+                continue
+            with ctx.lock:
+                ctx.claims.update({r.id: r.claim_token for r in rows})
+            _run_claimed(ctx, session, rows)
+            batch_ids.update(r.batch_id for r in rows)
+        for batch_id in batch_ids - {None}:
+            try_finalize(session, batch_id=batch_id, storage=ctx.storage)
+
+
+def register(app: Celery, ctx_getter: Any, settings: Settings) -> Any:
+    @app.task(base=Batches, name=TASK_NAME, flush_every=settings.batch_max_jobs,
+              flush_interval=settings.batch_flush_ms / 1000, acks_late=True, bind=False)
+    def run_jobs(requests: list[Any]) -> None:
+        try:
+            process_jobs(ctx_getter(), [r.args[0] for r in requests])
+        except Exception:
+            # Postgres or storage down: nothing was recorded as done. Leave the claims to expire so
+            # the reconciler republishes the jobs; the acks here only drop these deliveries.
+            log.exception("micro-batch of %d jobs could not be processed", len(requests))
+
+    return run_jobs

@@ -1,0 +1,59 @@
+"""JSON shapes the API returns: jobs (ours), files and batches (OpenAI's)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from yue2_jobs.db.models import Batch, File, Job, JobStatus
+from yue2_jobs.jobs.service import request_counts
+from yue2_jobs.storage import Storage
+
+
+def ts(value: datetime | None) -> int | None:
+    return int(value.timestamp()) if value is not None else None
+
+
+def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "id": job.id, "object": "yue2.job", "kind": job.kind, "status": job.status, "custom_id": job.custom_id,
+        "batch_id": job.batch_id, "variant": job.variant, "checkpoint": job.checkpoint, "params": job.params,
+        "attempts": job.attempts, "error": job.error, "worker": job.worker,
+        "created_at": ts(job.created_at), "started_at": ts(job.started_at), "finished_at": ts(job.finished_at),
+        "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
+        "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
+                     "tau": round(job.output_tokens / job.decoder_steps, 3)
+                     if job.output_tokens and job.decoder_steps else None},
+        "output": None, "output_url": None,
+    }
+    if job.status == JobStatus.SUCCEEDED and job.output_key:
+        if job.output_text is not None:
+            view["output"] = job.output_text
+        view["output_url"] = storage.url(job.output_key, expires_s=presign_expiry_s)
+    return view
+
+
+def file_view(f: File) -> dict[str, Any]:
+    return {"id": f.id, "object": "file", "bytes": f.bytes, "created_at": ts(f.created_at), "filename": f.filename,
+            "purpose": f.purpose, "status": "processed", "status_details": None}
+
+
+def batch_view(b: Batch, session: Session) -> dict[str, Any]:
+    counts = request_counts(session, b.id)
+    return {
+        "id": b.id, "object": "batch", "endpoint": b.endpoint, "errors": b.errors, "input_file_id": b.input_file_id,
+        "completion_window": b.completion_window, "status": b.status, "output_file_id": b.output_file_id,
+        "error_file_id": b.error_file_id, "created_at": ts(b.created_at), "in_progress_at": ts(b.in_progress_at),
+        "expires_at": ts(b.expires_at), "finalizing_at": ts(b.finalizing_at), "completed_at": ts(b.completed_at),
+        "failed_at": ts(b.failed_at), "expired_at": None, "cancelling_at": ts(b.cancelling_at),
+        "cancelled_at": ts(b.cancelled_at),
+        "request_counts": {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]},
+        "metadata": b.metadata_,
+    }
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, ensure_ascii=False).encode()

@@ -1,0 +1,88 @@
+"""Python client of the HTTP API (what the CLI uses); the `openai` client works against it too."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from yue2_jobs.errors import PipelineError
+
+TERMINAL_JOB = {"succeeded", "failed", "cancelled"}
+TERMINAL_BATCH = {"completed", "failed", "expired", "cancelled"}
+
+
+class ApiError(PipelineError):
+    """Raised when the API answers with an error; carries its status and message."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status, self.param = status, param
+
+
+class Client:
+    def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0) -> None:
+        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+                                 headers={"Authorization": f"Bearer {api_key}"})
+
+    def _json(self, response: httpx.Response) -> Any:
+        if response.status_code >= 400:
+            try:
+                err = response.json()["error"]
+                raise ApiError(response.status_code, err["message"], err.get("param"))
+            except (ValueError, KeyError):
+                raise ApiError(response.status_code, response.text[:500]) from None
+        return response.json()
+
+    def submit_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json(self.http.post("/v1/jobs", json=body))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/jobs/{job_id}"))
+
+    def cancel(self, object_id: str) -> dict[str, Any]:
+        kind = "batches" if object_id.startswith("batch_") else "jobs"
+        return self._json(self.http.post(f"/v1/{kind}/{object_id}/cancel"))
+
+    def upload(self, path: str | Path, *, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+        data = Path(path).read_bytes()
+        response = self.http.post("/v1/files", data={"purpose": "batch"},
+                                  files={"file": (Path(path).name, data, "application/jsonl")})
+        if progress:
+            progress(len(data))
+        return self._json(response)
+
+    def create_batch(self, input_file_id: str, *, endpoint: str = "/v1/summarize",
+                     metadata: dict[str, str] | None = None) -> dict[str, Any]:
+        return self._json(self.http.post("/v1/batches", json={"input_file_id": input_file_id, "endpoint": endpoint,
+                                                              "completion_window": "24h", "metadata": metadata}))
+
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/batches/{batch_id}"))
+
+    def status(self, object_id: str) -> dict[str, Any]:
+        return self.batch(object_id) if object_id.startswith("batch_") else self.job(object_id)
+
+    def file_content(self, file_id: str) -> bytes:
+        response = self.http.get(f"/v1/files/{file_id}/content")
+        if response.status_code >= 400:
+            self._json(response)
+        return response.content
+
+    def wait(self, object_id: str, *, poll_s: float = 0.5, timeout_s: float | None = None,
+             on_update: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Poll until the job or batch is terminal; `on_update` sees every poll's answer."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        terminal = TERMINAL_BATCH if object_id.startswith("batch_") else TERMINAL_JOB
+        while True:
+            state = self.status(object_id)
+            if on_update:
+                on_update(state)
+            if state["status"] in terminal:
+                return state
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{object_id} still {state['status']} after {timeout_s}s")
+            time.sleep(poll_s)

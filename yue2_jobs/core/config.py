@@ -1,0 +1,104 @@
+"""Every setting of the pipeline, read from `YUE2_*` environment variables and validated at start.
+
+The defaults are the embedded mode `make demo` runs on: SQLite, kombu's filesystem transport and
+a local storage directory under `YUE2_HOME`. Production points the three URLs at Postgres, Redis
+and S3 (or MinIO):
+
+    YUE2_DATABASE_URL=postgresql+psycopg://user@db/yue2
+    YUE2_BROKER_URL=redis://redis:6379/0
+    YUE2_STORAGE_URL=s3://bucket/prefix   YUE2_S3_ENDPOINT_URL=http://minio:9000
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ROOT = Path(__file__).resolve().parents[2]
+MODES = ("ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
+
+
+class Settings(BaseSettings):
+    """Pipeline settings; each field is `YUE2_<NAME>` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="YUE2_", extra="ignore", frozen=True)
+
+    # --- where things live
+    home: Path = Field(Path(".yue2"), description="Directory of the embedded mode's database, queue and storage.")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in `home`.")
+    broker_url: str = Field("filesystem://", description="Celery broker; `filesystem://` keeps it in `home`.")
+    storage_url: str | None = Field(None, description="`s3://bucket/prefix` or `file:///dir`; default `home`/storage.")
+    s3_endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO or moto; None means AWS.")
+    s3_region: str = Field("us-east-1", description="Region the S3 client signs for.")
+    checkpoints: dict[str, Path] = Field(
+        default_factory=lambda: {"base": ROOT / "checkpoints" / "base", "legal": ROOT / "checkpoints" / "legal"},
+        description="Variant name -> checkpoint directory, as JSON in the environment.",
+    )
+
+    # --- job defaults and limits (each limit is reported by name in the 4xx that enforces it)
+    default_variant: str = Field("base", description="Variant a job runs on when it names none.")
+    default_mode: str = Field("hybrid", description="Decoding mode a job runs in when it names none.")
+    default_max_new_tokens: int = Field(48, ge=1, description="Summary length cap when a job names none.")
+    max_new_tokens_limit: int = Field(256, ge=1, description="Largest `max_new_tokens` a job may ask for.")
+    max_input_chars: int = Field(20_000, ge=1, description="Largest `input`/`prompt` of one job, in characters.")
+    max_batch_items: int = Field(50_000, ge=1, description="Most lines one batch input file may hold.")
+    max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload to POST /v1/files.")
+    max_request_bytes: int = Field(1024 * 1024, ge=1, description="Largest JSON request body.")
+    inline_input_bytes: int = Field(8 * 1024, ge=0, description="Inputs above this go to storage, not the row.")
+    inline_output_bytes: int = Field(8 * 1024, ge=0, description="Outputs up to this are kept in the row too.")
+
+    # --- workers
+    batch_max_jobs: int = Field(32, ge=1, description="A worker flushes its micro-batch at this many jobs ...")
+    batch_flush_ms: int = Field(50, ge=1, description="... or after this many milliseconds.")
+    max_attempts: int = Field(3, ge=1, description="Claims a job gets before it ends `failed` (poison jobs).")
+    lease_s: float = Field(120.0, gt=0, description="A claim lasts this long unless its worker renews it.")
+    visibility_timeout_s: int = Field(
+        6 * 3600, ge=60, description="Redis redelivers an unacked task after this; above the longest backlog."
+    )
+    reconcile_interval_s: float = Field(10.0, gt=0, description="How often a worker runs the reconciler.")
+    reconcile_grace_s: float = Field(30.0, ge=0, description="A queued job is checked against the broker after this.")
+    runner: str = Field(
+        "workers.runner:ModelRunner", description="`module:factory` building a worker's job runner."
+    )
+    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads in a worker.")
+
+    # --- API
+    api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")
+    presign_expiry_s: int = Field(3600, ge=1, description="Lifetime of presigned output URLs.")
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.default_variant not in self.checkpoints:
+            raise ValueError(f"YUE2_DEFAULT_VARIANT={self.default_variant!r} is not in YUE2_CHECKPOINTS "
+                             f"({sorted(self.checkpoints)})")
+        if self.default_mode not in MODES:
+            raise ValueError(f"YUE2_DEFAULT_MODE={self.default_mode!r} is not one of {MODES}")
+        if self.default_max_new_tokens > self.max_new_tokens_limit:
+            raise ValueError("YUE2_DEFAULT_MAX_NEW_TOKENS exceeds YUE2_MAX_NEW_TOKENS_LIMIT")
+        if self.visibility_timeout_s < 4 * self.lease_s:
+            # Redis redelivering a task whose worker still holds a live claim only wastes a delivery
+            # (the claim guard makes it a no-op), but it must not happen on every long batch.
+            raise ValueError("YUE2_VISIBILITY_TIMEOUT_S must be at least 4 x YUE2_LEASE_S")
+        return self
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.home / 'yue2.db').resolve()}"
+
+    @property
+    def resolved_storage_url(self) -> str:
+        return self.storage_url or (self.home / "storage").resolve().as_uri()
+
+    @property
+    def queue_dir(self) -> Path:
+        return (self.home / "queue").resolve()
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

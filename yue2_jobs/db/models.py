@@ -1,0 +1,129 @@
+"""The tables Postgres keeps: the source of truth for every job, batch, file and API key.
+
+Job status only moves forward (queued -> running -> succeeded | failed | cancelled); every change
+is a conditional UPDATE in `yue2_jobs.jobs.state`, never a read-modify-write.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
+          "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s", "pk": "pk_%(table_name)s"}
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class BatchStatus(StrEnum):
+    """The OpenAI Batch lifecycle."""
+
+    VALIDATING = "validating"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
+    name: Mapped[str] = mapped_column(String(200), default="")
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class File(Base):
+    __tablename__ = "files"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(500))
+    bytes: Mapped[int] = mapped_column(Integer)
+    storage_key: Mapped[str] = mapped_column(String(500))
+    created_at: Mapped[datetime]
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16), default="24h")
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
+    errors: Mapped[dict[str, Any] | None]
+    total: Mapped[int] = mapped_column(Integer, default=0)
+    output_file_id: Mapped[str | None] = mapped_column(String(40))
+    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    created_at: Mapped[datetime]
+    in_progress_at: Mapped[datetime | None]
+    finalizing_at: Mapped[datetime | None]
+    completed_at: Mapped[datetime | None]
+    failed_at: Mapped[datetime | None]
+    cancelling_at: Mapped[datetime | None]
+    cancelled_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
+        Index("ix_jobs_batch_status", "batch_id", "status"),
+        Index("ix_jobs_status_enqueued", "status", "enqueued_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
+    custom_id: Mapped[str | None] = mapped_column(String(512))
+    kind: Mapped[str] = mapped_column(String(16))  # summarize | generate
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    variant: Mapped[str] = mapped_column(String(64))  # requested
+    checkpoint: Mapped[str | None] = mapped_column(String(128))  # served: variant@manifest-sha
+    params: Mapped[dict[str, Any]]
+    input_text: Mapped[str | None] = mapped_column(Text)
+    input_key: Mapped[str | None] = mapped_column(String(500))  # when the input is too large for the row
+    output_key: Mapped[str | None] = mapped_column(String(500))
+    output_text: Mapped[str | None] = mapped_column(Text)  # kept inline when small
+    error: Mapped[dict[str, Any] | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    claim_token: Mapped[str | None] = mapped_column(String(32))
+    worker: Mapped[str | None] = mapped_column(String(200))
+    lease_expires_at: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    enqueued_at: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    decoder_steps: Mapped[int | None] = mapped_column(Integer)
+    nar_tokens: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,62 @@
+"""Engines and sessions; foreign database errors become `PipelineError`s at `translate_db_errors`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from functools import lru_cache
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from yue2_jobs.errors import PipelineError
+
+
+class DatabaseUnavailableError(PipelineError):
+    """Raised when the database cannot be reached; the caller may retry."""
+
+    retryable = True
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            # WAL lets the API read while a worker writes; the demo runs both on one file.
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+
+
+@lru_cache
+def engine_for(url: str) -> Engine:
+    return make_engine(url)
+
+
+def session_factory(url: str) -> sessionmaker[Session]:
+    return sessionmaker(engine_for(url), expire_on_commit=False)
+
+
+@contextlib.contextmanager
+def translate_db_errors() -> Iterator[None]:
+    try:
+        yield
+    except OperationalError as exc:
+        raise DatabaseUnavailableError(f"database unavailable: {exc.orig}") from exc

@@ -1,0 +1,100 @@
+"""Finishing a batch: once no job of it is queued or running, write its output and error files.
+
+The files are JSONL in the OpenAI Batch shape (one line per request, matched on `custom_id`):
+succeeded jobs go to the output file, failed and cancelled ones to the error file. Only one
+caller wins the conditional UPDATE that starts finalizing; the file keys are deterministic, so a
+finalization redone after a crash rewrites the same objects.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import exists, select, update
+from sqlalchemy.orm import Session
+
+from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
+from yue2_jobs.db.session import utcnow
+from yue2_jobs.storage import Storage
+
+
+def job_output_body(job: Job, output_text: str) -> dict[str, Any]:
+    """The JSON a succeeded job produced: stored at its output key and inlined in API answers."""
+    return {"id": job.id, "object": f"yue2.{job.kind}", "custom_id": job.custom_id, "variant": job.variant,
+            "checkpoint": job.checkpoint, "mode": job.params.get("mode"), "output": output_text,
+            "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
+            "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens}}
+
+
+def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
+    request_id = f"batch_req_{job.id.removeprefix('job_')}"
+    if job.status == JobStatus.SUCCEEDED:
+        text = job.output_text
+        if text is None:
+            text = json.loads(storage.get(job.output_key or ""))["output"]
+        body = job_output_body(job, text)
+        return True, {"id": request_id, "custom_id": job.custom_id, "error": None,
+                      "response": {"status_code": 200, "request_id": job.id, "body": body}}
+    error = job.error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}
+    status_code = int(error.get("status_code", 500 if job.status == JobStatus.FAILED else 499))
+    return False, {"id": request_id, "custom_id": job.custom_id,
+                   "response": {"status_code": status_code, "request_id": job.id, "body": {"error": error}},
+                   "error": {"code": error.get("code"), "message": error.get("message")}}
+
+
+def _unfinished(batch_id: str) -> Any:
+    return exists().where(Job.batch_id == batch_id, Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))
+
+
+def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bool = False) -> bool:
+    """Finalize the batch if all its jobs are terminal; returns whether this call did it.
+
+    `force` redoes a finalization whose writer died half-way (the reconciler uses it).
+    """
+    now = utcnow()
+    starting = (Batch.status.in_((BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)) & Batch.finalizing_at.is_(None))
+    if force:
+        starting = starting | (Batch.status == BatchStatus.FINALIZING) | (
+            (Batch.status == BatchStatus.CANCELLING) & Batch.finalizing_at.is_not(None))
+    claimed = session.execute(
+        update(Batch).where(Batch.id == batch_id, starting, ~_unfinished(batch_id))
+        .values(finalizing_at=now,
+                status=_case_status())
+        .returning(Batch.id, Batch.tenant, Batch.status)
+    ).one_or_none()
+    session.commit()
+    if claimed is None:
+        return False
+    _, tenant, status = claimed
+    ok_lines, err_lines = [], []
+    for job in session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)).scalars():
+        ok, line = _result_line(job, storage)
+        (ok_lines if ok else err_lines).append(json.dumps(line, ensure_ascii=False))
+    files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+    for column, lines, name in (("output_file_id", ok_lines, "output"), ("error_file_id", err_lines, "error")):
+        if not lines:
+            continue
+        file_id = f"file-{batch_id.removeprefix('batch_')}-{name}"
+        key = f"{tenant}/{batch_id}/{name}.jsonl"
+        data = ("\n".join(lines) + "\n").encode()
+        storage.put(key, data, content_type="application/jsonl")
+        if session.get(File, file_id) is None:
+            session.add(File(id=file_id, tenant=tenant, purpose="batch_output" if name == "output" else
+                             "batch_error", filename=f"{batch_id}_{name}.jsonl", bytes=len(data), storage_key=key,
+                             created_at=utcnow()))
+        files[column] = file_id
+    done_at = utcnow()
+    final = BatchStatus.CANCELLED if status == BatchStatus.CANCELLING else BatchStatus.COMPLETED
+    session.execute(update(Batch).where(Batch.id == batch_id).values(
+        status=final, **files, **({"cancelled_at": done_at} if final == BatchStatus.CANCELLED
+                                  else {"completed_at": done_at})))
+    session.commit()
+    return True
+
+
+def _case_status() -> Any:
+    from sqlalchemy import case
+
+    # A cancelling batch stays `cancelling` while its files are written, then becomes `cancelled`.
+    return case((Batch.status == BatchStatus.CANCELLING, BatchStatus.CANCELLING), else_=BatchStatus.FINALIZING)

@@ -1,0 +1,95 @@
+"""What a job may ask for, and the limits it is checked against before anything is stored.
+
+Every rejection is an `InvalidRequestError` naming the field (and, for limits, the limit), so an
+HTTP 4xx, a batch's error line and the CLI all say the same thing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from yue2_jobs.core.config import MODES, Settings
+from yue2_jobs.errors import InvalidRequestError, LimitExceededError
+
+KINDS = ("summarize", "generate")
+ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate"}
+TEXT_FIELD = {"summarize": "input", "generate": "prompt"}
+
+
+class DecodingParams(BaseModel):
+    """Decoding parameters a job (or one line of a batch) may set; None means the server default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup"] | None = None
+    max_new_tokens: int | None = Field(None, ge=1)
+    do_sample: bool = False
+    temperature: float = Field(1.0, gt=0, le=10)
+    top_k: int | None = Field(None, ge=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    nar_threshold: float | None = Field(None, ge=0, le=1)
+
+
+class JobBody(DecodingParams):
+    """The body of POST /v1/jobs, or of one batch line: the text, the variant and decoding parameters."""
+
+    kind: Literal["summarize", "generate"] | None = None
+    input: str | None = None
+    prompt: str | None = None
+    variant: str | None = None
+    custom_id: str | None = Field(None, max_length=512)
+
+
+class ValidatedJob(BaseModel):
+    kind: str
+    text: str
+    variant: str
+    custom_id: str | None
+    params: dict[str, Any]
+
+
+def _field_of(error: dict[str, Any]) -> str:
+    return ".".join(str(p) for p in error["loc"]) or "body"
+
+
+def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefix: str = "") -> ValidatedJob:
+    """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError(f"{field_prefix or 'body'} must be a JSON object", field=field_prefix or "body")
+    try:
+        parsed = JobBody.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = field_prefix + _field_of(err)
+        raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
+    kind = parsed.kind or kind or "summarize"
+    if parsed.kind and kind != parsed.kind:
+        raise InvalidRequestError(f"{field_prefix}kind {parsed.kind!r} does not match the endpoint's {kind!r}",
+                                  field=f"{field_prefix}kind")
+    text_field = TEXT_FIELD[kind]
+    text = getattr(parsed, text_field)
+    if text is None or not text.strip():
+        raise InvalidRequestError(f"{field_prefix}{text_field} is required for a {kind} job and must not be empty",
+                                  field=f"{field_prefix}{text_field}")
+    if len(text) > settings.max_input_chars:
+        raise LimitExceededError(field=f"{field_prefix}{text_field}", limit=settings.max_input_chars,
+                                 actual=len(text), unit="characters")
+    variant = parsed.variant or settings.default_variant
+    if variant not in settings.checkpoints:
+        raise InvalidRequestError(f"{field_prefix}variant {variant!r} is not served; choose one of "
+                                  f"{sorted(settings.checkpoints)}", field=f"{field_prefix}variant")
+    max_new = parsed.max_new_tokens or settings.default_max_new_tokens
+    if max_new > settings.max_new_tokens_limit:
+        raise LimitExceededError(field=f"{field_prefix}max_new_tokens", limit=settings.max_new_tokens_limit,
+                                 actual=max_new, unit="tokens", status=422)
+    mode = parsed.mode or settings.default_mode
+    if parsed.do_sample and mode in ("nar", "prompt_lookup"):
+        raise InvalidRequestError(f"{field_prefix}mode {mode!r} decodes greedily; do_sample needs ar or hybrid",
+                                  field=f"{field_prefix}do_sample")
+    params = parsed.model_dump(include=set(DecodingParams.model_fields), exclude_none=True)
+    params.update(mode=mode, max_new_tokens=max_new)
+    assert mode in MODES
+    return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params)

@@ -1,0 +1,86 @@
+"""The reconciler: makes the broker agree with Postgres, which is the record.
+
+- A job Postgres calls `queued` that the broker no longer holds (Redis restarted or was flushed,
+  the API died between commit and publish) is published again.
+- A `running` job whose lease ran out (its worker died) is published again, or failed once it has
+  used its `max_attempts`.
+- A batch whose jobs are all finished is finalized; a finalization whose writer died is redone.
+
+Publishing twice is harmless: a worker only runs a job it can claim (see `state`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from celery import Celery
+from sqlalchemy import or_, select, text
+from sqlalchemy.orm import Session
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
+from yue2_jobs.db.session import utcnow
+from yue2_jobs.jobs.batches import try_finalize
+from yue2_jobs.jobs.state import claim_jobs
+from yue2_jobs.queue import jobs_in_broker, publish
+from yue2_jobs.storage import Storage
+
+log = logging.getLogger(__name__)
+LOCK_KEY = 0x59554532  # "YUE2": one reconciler at a time across workers (Postgres only)
+
+
+@dataclass
+class ReconcileReport:
+    republished_queued: list[str] = field(default_factory=list)
+    republished_expired: list[str] = field(default_factory=list)
+    failed_exhausted: list[str] = field(default_factory=list)
+    finalized_batches: list[str] = field(default_factory=list)
+    skipped: bool = False
+
+
+def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, storage: Storage) -> ReconcileReport:
+    report = ReconcileReport()
+    if session.bind is not None and session.bind.dialect.name == "postgresql":
+        if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}).scalar():
+            report.skipped = True
+            return report
+    now = utcnow()
+    cutoff = now - timedelta(seconds=settings.reconcile_grace_s)
+    # Read Postgres before the broker: a job published after this read is not a candidate.
+    queued = session.execute(select(Job.id, Job.variant).where(
+        Job.status == JobStatus.QUEUED,
+        or_(Job.enqueued_at < cutoff, Job.enqueued_at.is_(None) & (Job.created_at < cutoff)))).all()
+    # A job republished within the last lease is left to that delivery.
+    expired = session.execute(select(Job.id, Job.variant, Job.attempts).where(
+        Job.status == JobStatus.RUNNING, Job.lease_expires_at < now,
+        or_(Job.enqueued_at.is_(None), Job.enqueued_at < now - timedelta(seconds=settings.lease_s)))).all()
+    session.commit()  # ends the transaction (and the advisory lock) before the broker round trip
+    if queued or expired:
+        held = jobs_in_broker(settings, settings.checkpoints, delivered_within_s=settings.lease_s)
+        lost = [(j, v) for j, v in queued if j not in held]
+        if lost:
+            publish(celery_app, session, lost)
+            report.republished_queued = [j for j, _ in lost]
+        exhausted = [j for j, _, attempts in expired if attempts >= settings.max_attempts]
+        if exhausted:
+            # claim_jobs fails exactly the claimable jobs that have used their attempts.
+            _, report.failed_exhausted = claim_jobs(session, job_ids=exhausted, worker="reconciler",
+                                                    lease_s=settings.lease_s, max_attempts=settings.max_attempts)
+        retry = [(j, v) for j, v, attempts in expired if attempts < settings.max_attempts and j not in held]
+        if retry:
+            publish(celery_app, session, retry)
+            report.republished_expired = [j for j, _ in retry]
+    stale = now - timedelta(seconds=settings.lease_s)
+    open_batches = session.execute(select(Batch.id, Batch.finalizing_at.is_not(None) & (Batch.finalizing_at < stale))
+                                   .where(Batch.status.in_((BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING,
+                                                            BatchStatus.FINALIZING)))).all()
+    session.commit()
+    for batch_id, force in open_batches:
+        if try_finalize(session, batch_id=batch_id, storage=storage, force=force):
+            report.finalized_batches.append(batch_id)
+    if report.republished_queued or report.republished_expired or report.failed_exhausted:
+        log.warning("reconciler: republished %d queued and %d expired jobs, failed %d exhausted",
+                    len(report.republished_queued), len(report.republished_expired), len(report.failed_exhausted))
+    return report

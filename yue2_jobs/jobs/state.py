@@ -1,0 +1,111 @@
+"""Job state changes, each one conditional UPDATE: status never moves backwards.
+
+A worker *claims* a job before running it: the claim bumps `attempts`, records a fresh
+`claim_token` and a lease. Only the holder of the current token can finish the job, so a
+redelivered task (Redis visibility timeout, the reconciler, a restarted worker) never redoes or
+overwrites a finished job. A claim whose lease ran out (its worker died) can be taken again; a job
+claimed `max_attempts` times without finishing ends `failed`, so a poison job cannot loop.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session
+
+from yue2_jobs.db.models import TERMINAL, Job, JobStatus
+from yue2_jobs.db.session import utcnow
+
+CLAIM_COLUMNS = (Job.id, Job.tenant, Job.batch_id, Job.custom_id, Job.kind, Job.variant, Job.params, Job.input_text,
+                 Job.input_key, Job.attempts, Job.claim_token)
+
+
+def _claimable(now: Any) -> Any:
+    return or_(Job.status == JobStatus.QUEUED,
+               and_(Job.status == JobStatus.RUNNING, Job.lease_expires_at < now))
+
+
+def claim_jobs(session: Session, *, job_ids: list[str], worker: str, lease_s: float,
+               max_attempts: int) -> tuple[list[Any], list[str]]:
+    """Claim the claimable ones of `job_ids`; returns (claimed rows, ids failed for too many attempts)."""
+    if not job_ids:
+        return [], []
+    now = utcnow()
+    exhausted = session.execute(
+        update(Job)
+        .where(Job.id.in_(job_ids), _claimable(now), Job.attempts >= max_attempts)
+        .values(status=JobStatus.FAILED, finished_at=now, claim_token=None, lease_expires_at=None,
+                error={"code": "max_attempts_exceeded",
+                       "message": f"the job was started {max_attempts} times and never finished "
+                                  f"(its worker died each time); it is not retried again"})
+        .returning(Job.id)
+    ).scalars().all()
+    token = secrets.token_hex(8)
+    claimed = session.execute(
+        update(Job)
+        .where(Job.id.in_(job_ids), _claimable(now), Job.attempts < max_attempts)
+        .values(status=JobStatus.RUNNING, attempts=Job.attempts + 1, claim_token=token, worker=worker,
+                started_at=now, lease_expires_at=now + timedelta(seconds=lease_s))
+        .returning(*CLAIM_COLUMNS)
+    ).all()
+    session.commit()
+    return list(claimed), list(exhausted)
+
+
+def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) -> int:
+    """Extend the leases this worker still holds; returns how many it still holds."""
+    if not claims:
+        return 0
+    until = utcnow() + timedelta(seconds=lease_s)
+    n = 0
+    for token in set(claims.values()):
+        ids = [j for j, t in claims.items() if t == token]
+        n += session.execute(
+            update(Job).where(Job.id.in_(ids), Job.claim_token == token, Job.status == JobStatus.RUNNING)
+            .values(lease_expires_at=until)
+        ).rowcount
+    session.commit()
+    return n
+
+
+def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> list[str]:
+    """Mark jobs succeeded or failed; each dict holds `id`, `claim_token`, `status` and the columns to set.
+
+    Returns the ids whose update took (the claim was still this worker's and the job not cancelled).
+    """
+    now = utcnow()
+    done: list[str] = []
+    for r in results:
+        values = {k: v for k, v in r.items() if k not in ("id", "claim_token")}
+        row = session.execute(
+            update(Job)
+            .where(Job.id == r["id"], Job.claim_token == r["claim_token"], Job.status == JobStatus.RUNNING)
+            .values(finished_at=now, lease_expires_at=None, **values)
+            .returning(Job.id)
+        ).scalar_one_or_none()
+        if row is not None:
+            done.append(row)
+    session.commit()
+    return done
+
+
+def cancel_jobs(session: Session, *, where: Any) -> int:
+    """Cancel the unfinished jobs matching `where`; a running one's result will be discarded."""
+    n = session.execute(
+        update(Job).where(where, Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))
+        .values(status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None)
+    ).rowcount
+    session.commit()
+    return n
+
+
+def is_terminal(status: str) -> bool:
+    return status in TERMINAL
+
+
+def job_statuses(session: Session, job_ids: list[str]) -> dict[str, str]:
+    return dict(session.execute(select(Job.id, Job.status).where(Job.id.in_(job_ids))).all())

@@ -1,0 +1,108 @@
+"""Object storage for inputs, outputs and batch files: S3 through boto3, or a local directory.
+
+Keys are deterministic (`{tenant}/{batch}/{job}.json`), so a retried write lands on the same
+object; boto3 and OS errors are translated into `StorageError`s here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from yue2_jobs.errors import StorageError, StorageUnavailableError
+
+
+class Storage(Protocol):
+    def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def url(self, key: str, *, expires_s: int) -> str | None: ...
+
+
+class LocalStorage:
+    """A directory; writes go through a temporary file and a rename, so readers never see half a file."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise StorageError(f"storage key {key!r} leaves the storage directory")
+        return path
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(f"storage key {key!r} does not exist") from exc
+
+    def url(self, key: str, *, expires_s: int) -> str | None:
+        return self._path(key).as_uri()
+
+
+@contextlib.contextmanager
+def _translate_boto(key: str) -> Iterator[None]:
+    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
+
+    try:
+        yield
+    except (EndpointConnectionError, ConnectionError) as exc:
+        raise StorageUnavailableError(f"S3 unreachable while accessing {key!r}: {exc}") from exc
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500"}:
+            raise StorageUnavailableError(f"S3 {code} on {key!r}") from exc
+        raise StorageError(f"S3 {code or 'error'} on {key!r}: {exc}") from exc
+    except BotoCoreError as exc:
+        raise StorageUnavailableError(f"S3 client error on {key!r}: {exc}") from exc
+
+
+class S3Storage:
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str = "us-east-1") -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
+                                   config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                                                 max_pool_connections=32))
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None:
+        with _translate_boto(key):
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type)
+
+    def get(self, key: str) -> bytes:
+        with _translate_boto(key):
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+    def url(self, key: str, *, expires_s: int) -> str | None:
+        with _translate_boto(key):
+            return self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s)
+
+
+def storage_from_url(url: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> Storage:
+    parsed = urlparse(url)
+    if parsed.scheme == "s3":
+        return S3Storage(parsed.netloc, parsed.path, endpoint_url=endpoint_url, region=region)
+    if parsed.scheme == "file":
+        return LocalStorage(unquote(parsed.path))
+    raise StorageError(f"storage URL {url!r}: use s3://bucket/prefix or file:///directory")
