@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from workers.runner import JobInput, JobOutput
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job, JobStatus
-from yue2_jobs.errors import Yue2Error
+from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs.batches import job_output_body, try_finalize
 from yue2_jobs.jobs.service import output_key
 from yue2_jobs.jobs.state import claim_jobs, finish_jobs
@@ -44,7 +44,7 @@ class WorkerContext:
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
-    code = "invalid_input" if isinstance(exc, Yue2Error) and not exc.retryable else "job_failed"
+    code = "invalid_input" if isinstance(exc, InvalidRequestError) else "job_failed"
     return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
@@ -98,8 +98,10 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
         fresh = [j for j in job_ids if attempts.get(j) == 0]
         suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
         batch_ids: set[str] = set()
-        # Suspects are claimed one at a time, right before they run alone.
-        for group in [fresh, *([j] for j in suspects)]:
+        # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as they
+        # come; suspects are claimed one at a time, right before they run alone.
+        size = s.batch_max_jobs
+        for group in [*(fresh[i:i + size] for i in range(0, len(fresh), size)), *([j] for j in suspects)]:
             rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
                                          max_attempts=s.max_attempts)
             if exhausted:
@@ -115,12 +117,16 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             try_finalize(session, batch_id=batch_id, storage=ctx.storage)
 
 
+def _ids(arg: str | list[str]) -> list[str]:
+    return [arg] if isinstance(arg, str) else list(arg)
+
+
 def register(app: Celery, ctx_getter: Any, settings: Settings) -> Any:
     @app.task(base=Batches, name=TASK_NAME, flush_every=settings.batch_max_jobs,
               flush_interval=settings.batch_flush_ms / 1000, acks_late=True, bind=False)
     def run_jobs(requests: list[Any]) -> None:
         try:
-            process_jobs(ctx_getter(), [r.args[0] for r in requests])
+            process_jobs(ctx_getter(), [j for r in requests for j in _ids(r.args[0])])
         except Exception:
             # Postgres or storage down: nothing was recorded as done. Leave the claims to expire so
             # the reconciler republishes the jobs; the acks here only drop these deliveries.

@@ -1,15 +1,17 @@
 """The Celery app on Redis (or kombu's filesystem transport), publishing, and looking into the broker.
 
-A task message carries only a job id: Postgres holds the job. One queue per variant
-(`yue2.<variant>`), because a worker process holds one model. The task id is
-`<job id>:<random>`, so the reconciler can tell which jobs the broker still holds.
+A task message carries only job ids (one, or a chunk of a batch's, so that publishing 10,000
+jobs costs a few hundred broker round trips); Postgres holds the jobs. One queue per variant
+(`yue2.<variant>`), because a worker process holds one model.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import time
+from collections import defaultdict
 from collections.abc import Iterable
 
 from celery import Celery
@@ -42,9 +44,10 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        # celery-batches buffers requests itself; a finite multiplier makes every batch wait out
-        # its flush interval.
-        worker_prefetch_multiplier=0,
+        # celery-batches flushes when its buffer holds `flush_every` requests: the prefetch window
+        # must exceed that or every batch waits out its flush interval. Unlimited (0) would let one
+        # worker hoard the whole backlog, unacked, past the visibility timeout (celery#5935).
+        worker_prefetch_multiplier=4 * settings.batch_max_jobs,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",
@@ -57,18 +60,20 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def task_id_for(job_id: str) -> str:
-    return f"{job_id}:{secrets.token_hex(4)}"
-
-
-def publish(app: Celery, session: Session, jobs: Iterable[tuple[str, str]]) -> int:
-    """Send one task per (job id, variant) on one producer connection, then stamp `enqueued_at`."""
+def publish(app: Celery, session: Session, jobs: Iterable[tuple[str, str]], *, chunk: int = 1) -> int:
+    """Send (job id, variant) pairs as tasks of up to `chunk` ids each on one producer connection,
+    then stamp `enqueued_at`."""
+    by_variant: dict[str, list[str]] = defaultdict(list)
+    for job_id, variant in jobs:
+        by_variant[variant].append(job_id)
     sent: list[str] = []
     with app.producer_or_acquire() as producer:
-        for job_id, variant in jobs:
-            app.send_task(TASK_NAME, args=[job_id], queue=queue_for(variant), task_id=task_id_for(job_id),
-                          producer=producer)
-            sent.append(job_id)
+        for variant, ids in by_variant.items():
+            for start in range(0, len(ids), chunk):
+                part = ids[start:start + chunk]
+                app.send_task(TASK_NAME, args=[part], queue=queue_for(variant),
+                              task_id=f"{part[0]}+{len(part)}:{secrets.token_hex(4)}", producer=producer)
+                sent.extend(part)
     now = utcnow()
     for start in range(0, len(sent), 5000):
         session.execute(update(Job).where(Job.id.in_(sent[start:start + 5000])).values(enqueued_at=now))
@@ -76,15 +81,20 @@ def publish(app: Celery, session: Session, jobs: Iterable[tuple[str, str]]) -> i
     return len(sent)
 
 
-def _job_id_of_message(raw: str | bytes) -> str | None:
+def job_ids_of_message(raw: str | bytes) -> list[str]:
+    """The job ids a raw kombu message (as Redis or the filesystem transport store it) carries."""
     try:
         payload = json.loads(raw)
         if isinstance(payload, list):  # the unacked hash stores [message, exchange, routing_key]
             payload = payload[0]
-        task_id = payload.get("headers", {}).get("id")
-    except (ValueError, AttributeError, IndexError):
-        return None
-    return task_id.split(":", 1)[0] if isinstance(task_id, str) else None
+        body = payload["body"]
+        if payload.get("properties", {}).get("body_encoding") == "base64":
+            body = base64.b64decode(body)
+        args = json.loads(body)[0]
+        ids = args[0]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return []
+    return [ids] if isinstance(ids, str) else [i for i in ids if isinstance(i, str)]
 
 
 def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_within_s: float) -> set[str]:
@@ -102,24 +112,23 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
         try:
             for variant in variants:
                 for raw in client.lrange(queue_for(variant), 0, -1):
-                    held.add(_job_id_of_message(raw) or "")
+                    held.update(job_ids_of_message(raw))
             recent = client.zrangebyscore("unacked_index", time.time() - delivered_within_s, "+inf")
             if recent:
                 for raw in client.hmget("unacked", recent):
                     if raw is not None:
-                        held.add(_job_id_of_message(raw) or "")
+                        held.update(job_ids_of_message(raw))
         finally:
             client.close()
     elif settings.broker_url.startswith("filesystem"):
         # The filesystem transport deletes a message when it is delivered: only waiting ones are here.
         for path in (settings.queue_dir / "out").glob("*.msg"):
             try:
-                held.add(_job_id_of_message(path.read_bytes()) or "")
+                held.update(job_ids_of_message(path.read_bytes()))
             except FileNotFoundError:  # consumed while we looked
                 continue
     else:
         raise ValueError(f"cannot inspect broker {settings.broker_url!r}; use redis:// or filesystem://")
-    held.discard("")
     return held
 
 

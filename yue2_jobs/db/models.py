@@ -49,7 +49,7 @@ class Base(DeclarativeBase):
 class ApiKey(Base):
     __tablename__ = "api_keys"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the secret
     name: Mapped[str] = mapped_column(String(200), default="")
@@ -60,7 +60,7 @@ class ApiKey(Base):
 class File(Base):
     __tablename__ = "files"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(500))
@@ -72,7 +72,7 @@ class File(Base):
 class Batch(Base):
     __tablename__ = "batches"
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
     input_file_id: Mapped[str] = mapped_column(ForeignKey("files.id"))
     endpoint: Mapped[str] = mapped_column(String(64))
@@ -81,8 +81,8 @@ class Batch(Base):
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
     errors: Mapped[dict[str, Any] | None]
     total: Mapped[int] = mapped_column(Integer, default=0)
-    output_file_id: Mapped[str | None] = mapped_column(String(40))
-    error_file_id: Mapped[str | None] = mapped_column(String(40))
+    output_file_id: Mapped[str | None] = mapped_column(String(64))
+    error_file_id: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]
     in_progress_at: Mapped[datetime | None]
     finalizing_at: Mapped[datetime | None]
@@ -101,7 +101,7 @@ class Job(Base):
         Index("ix_jobs_status_enqueued", "status", "enqueued_at"),
     )
 
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
     batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id"))
     custom_id: Mapped[str | None] = mapped_column(String(512))

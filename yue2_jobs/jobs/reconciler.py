@@ -61,7 +61,7 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
         held = jobs_in_broker(settings, settings.checkpoints, delivered_within_s=settings.lease_s)
         lost = [(j, v) for j, v in queued if j not in held]
         if lost:
-            publish(celery_app, session, lost)
+            publish(celery_app, session, lost, chunk=settings.batch_max_jobs)
             report.republished_queued = [j for j, _ in lost]
         exhausted = [j for j, _, attempts in expired if attempts >= settings.max_attempts]
         if exhausted:

@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 def _publish(state: AppState, jobs: list[tuple[str, str]]) -> None:
     try:
         with state.sessions() as session:
-            publish(state.celery, session, jobs)
+            publish(state.celery, session, jobs, chunk=state.settings.batch_max_jobs)
     except Exception:
         log.exception("publishing %d jobs failed; the reconciler will publish them", len(jobs))
 

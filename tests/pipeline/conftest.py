@@ -1,0 +1,227 @@
+"""Real services for the pipeline tests: Postgres and Redis on 127.0.0.1, S3 from a moto server
+over HTTP, the API on uvicorn in a thread, workers as subprocesses (so they can be SIGKILLed).
+
+A missing Postgres or Redis skips these tests locally and fails them under CI=true.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
+PG_ADMIN_URL = os.environ.get("YUE2_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("YUE2_TEST_REDIS", "redis://127.0.0.1:6379/3")
+
+
+def _unavailable(what: str, exc: BaseException) -> None:
+    message = f"{what} is not reachable: {exc}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + " (CI=true: real-service tests must run)")
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll `condition` until it returns something truthy; fail the test naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    from sqlalchemy import create_engine, text
+
+    name = f"yue2_test_{uuid.uuid4().hex[:10]}"
+    try:
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        _unavailable("Postgres at 127.0.0.1:5432", exc)
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    yield url
+    from yue2_jobs.db.session import engine_for
+
+    engine_for(url).dispose()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except Exception as exc:
+        _unavailable("Redis at 127.0.0.1:6379", exc)
+    return REDIS_URL
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[dict[str, str]]:
+    """A moto S3 server on a free port, reached over HTTP like any S3 endpoint."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="yue2-test")
+    yield {"endpoint": endpoint, "bucket": "yue2-test"}
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pipeline_env(pg_url: str, redis_url: str, s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+                 ) -> dict[str, str]:
+    """YUE2_* settings every process of a pipeline test shares (short leases so recovery is quick)."""
+    from yue2_jobs.db.migrate import upgrade_head
+
+    upgrade_head(pg_url)
+    return {
+        "YUE2_HOME": str(tmp_path_factory.mktemp("yue2home")),
+        "YUE2_DATABASE_URL": pg_url,
+        "YUE2_BROKER_URL": redis_url,
+        "YUE2_STORAGE_URL": f"s3://{s3['bucket']}/out",
+        "YUE2_S3_ENDPOINT_URL": s3["endpoint"],
+        "YUE2_LEASE_S": "2",
+        "YUE2_VISIBILITY_TIMEOUT_S": "3600",
+        "YUE2_RECONCILE_INTERVAL_S": "0.5",
+        "YUE2_RECONCILE_GRACE_S": "1",
+        "YUE2_BATCH_FLUSH_MS": "50",
+        "YUE2_TORCH_THREADS": "1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+
+
+def make_settings(env: dict[str, str], **overrides: Any) -> Any:
+    from yue2_jobs.core.config import Settings
+
+    values = {k.removeprefix("YUE2_").lower(): v for k, v in env.items() if k.startswith("YUE2_")}
+    return Settings(**{**values, **overrides})
+
+
+@pytest.fixture(scope="session")
+def settings(pipeline_env: dict[str, str]) -> Any:
+    return make_settings(pipeline_env)
+
+
+class ApiServer:
+    def __init__(self, settings: Any) -> None:
+        import uvicorn
+
+        from yue2_jobs.api.app import create_app
+
+        self.app = create_app(settings)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started, timeout=20, what="the API server to start")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def api(settings: Any) -> Iterator[ApiServer]:
+    server = ApiServer(settings)
+    yield server
+    server.stop()
+
+
+def new_key(settings: Any, tenant: str) -> str:
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.db.session import session_factory
+
+    with session_factory(settings.resolved_database_url)() as session:
+        return create_api_key(session, tenant=tenant)
+
+
+class Worker:
+    """`yue2 worker` in a subprocess; its log goes to a file for the failure message."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, **extra_env: str) -> None:
+        self.env = {**os.environ, **env, **extra_env}
+        self.log = log_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Worker:
+        self.proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker"], cwd=ROOT, env=self.env,
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+
+
+@pytest.fixture
+def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(**extra_env: str) -> Worker:
+        w = Worker(pipeline_env, tmp_path, **extra_env).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture(scope="session")
+def eval_texts() -> list[str]:
+    from yue2_jobs.model.data import read_split
+
+    return [r["text"] for r in read_split(ROOT / "data", "general", "eval")]
