@@ -70,7 +70,8 @@ def batch_jobs(settings: Any, batch_id: str) -> list[Job]:
 
 def count_outputs(s3: dict[str, str], tenant: str, batch_id: str) -> int:
     client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1")
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"], Prefix=f"out/{tenant}/{batch_id}/job_")
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=s3["bucket"],
+                                                             Prefix=f"out/{tenant}/{batch_id}/job_")
     return sum(1 for page in pages for obj in page.get("Contents", []) if obj["Key"].endswith(".json"))
 
 
@@ -199,7 +200,8 @@ def test_poison_job_fails_after_max_attempts_and_batch_mates_succeed(
     jobs = {j.custom_id: j for j in batch_jobs(settings, batch_id)}
     assert jobs["r5"].attempts == 3 and kills == 3
     assert jobs["r17"].attempts <= 2  # 2 when it shared the first, killed, micro-batch with r5
-    check_outputs(result_lines(client, state["output_file_id"]), {k: v for k, v in by_custom_id.items() if k not in ("r5", "r17")})
+    check_outputs(result_lines(client, state["output_file_id"]),
+                  {k: v for k, v in by_custom_id.items() if k not in ("r5", "r17")})
     assert max(j.attempts for k, j in jobs.items() if k != "r5") <= 2
 
 
