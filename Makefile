@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-legal data checkpoints drafters eval clean
+.PHONY: venv demo test lint bench bench-pipeline bench-legal api worker migrate data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
+# The whole pipeline (API, worker, queue, database, storage) on the embedded default: no servers.
 demo: $(STAMP)
-	$(PY) -m yue2_jobs.demo
+	$(PY) -m yue2_jobs demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
@@ -25,9 +26,15 @@ lint: $(STAMP)
 
 # Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
 # our `ar` loop against HF generate on identical weights.
+# Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
+# bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
+	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
+
+bench-pipeline: $(STAMP)
+	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
 
 # The same decoding-mode table on the legal checkpoint and eval set, whose drafts mostly match
 # (about 12 minutes).
@@ -55,6 +62,15 @@ drafters: $(STAMP)
 		--nar-steps 2500 --confidence-steps 300 --lr 1e-3 --warmup 50
 	$(PY) -m yue2_jobs train --corpus legal --init checkpoints/legal --out checkpoints/legal --ar-steps 0 \
 		--nar-steps 1500 --confidence-steps 300 --lr 1e-3 --warmup 50
+
+migrate: $(STAMP)
+	$(PY) -m yue2_jobs migrate
+
+api: $(STAMP)
+	$(PY) -m yue2_jobs api
+
+worker: $(STAMP)
+	$(PY) -m yue2_jobs worker
 
 eval: $(STAMP)
 	$(PY) -m yue2_jobs eval checkpoints/base --set general --set legal

@@ -71,6 +71,15 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         with sessions() as session:
             reconcile_once(session, settings=settings, celery_app=app, storage=storage)
 
+    if settings.worker_ready_file is not None:
+        from celery.signals import worker_ready
+
+        ready_file = settings.worker_ready_file
+
+        @worker_ready.connect(weak=False)
+        def _ready(**_: Any) -> None:
+            ready_file.write_text(node)
+
     _every(settings.lease_s / 3, stop, heartbeat, "lease-heartbeat")
     if reconcile:
         _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,9 @@ class WorkerContext:
     name: str
     claims: dict[str, str] = field(default_factory=dict)  # job id -> claim token, renewed by the heartbeat
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
+    recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
+    uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(8, "yue2-put"))
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -48,33 +52,21 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
-def _run_claimed(ctx: WorkerContext, session: Session, rows: list[Any]) -> None:
+def _failed(ctx: WorkerContext, row: Any, exc: BaseException) -> dict[str, Any]:
+    return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
+            "checkpoint": ctx.runner.checkpoint}
+
+
+def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]]]:
     inputs: list[JobInput] = []
-    results: list[dict[str, Any]] = []
+    failed: list[dict[str, Any]] = []
     for row in rows:
         try:
             text = row.input_text if row.input_key is None else ctx.storage.get(row.input_key).decode()
             inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
         except Exception as exc:  # storage failure for one input fails only that job
-            results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
-                            "error": _failure(exc), "checkpoint": ctx.runner.checkpoint})
-    by_id = {r.id: r for r in rows}
-    outputs = ctx.runner.run(inputs) if inputs else []
-    for job_in, out in zip(inputs, outputs, strict=True):
-        row = by_id[job_in.id]
-        if isinstance(out, JobOutput):
-            try:
-                results.append(_store_output(ctx, row, out))
-            except Exception as exc:
-                results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
-                                "error": _failure(exc), "checkpoint": ctx.runner.checkpoint})
-        else:
-            results.append({"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED,
-                            "error": _failure(out), "checkpoint": ctx.runner.checkpoint})
-    finish_jobs(session, results)
-    with ctx.lock:
-        for row in rows:
-            ctx.claims.pop(row.id, None)
+            failed.append(_failed(ctx, row, exc))
+    return inputs, failed
 
 
 def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> dict[str, Any]:
@@ -88,31 +80,71 @@ def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> dict[str, Any
             "output_text": inline, "error": None, **values}
 
 
+def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
+            failed: list[dict[str, Any]]) -> None:
+    by_id = {r.id: r for r in rows}
+
+    def store(pair: tuple[JobInput, Any]) -> dict[str, Any]:
+        job_in, out = pair
+        row = by_id[job_in.id]
+        if not isinstance(out, JobOutput):
+            return _failed(ctx, row, out)
+        try:
+            return _store_output(ctx, row, out)
+        except Exception as exc:
+            return _failed(ctx, row, exc)
+
+    results = failed + list(ctx.uploads.map(store, zip(inputs, outputs, strict=True)))
+    with ctx.sessions() as session:
+        finish_jobs(session, results)
+    with ctx.lock:
+        for row in rows:
+            ctx.claims.pop(row.id, None)
+
+
+def _wait(pending: list[Future[None]]) -> None:
+    for future in pending:
+        future.result()
+    pending.clear()
+
+
 def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
-    """Claim, run and record `job_ids`; ids that are finished or held by a live claim are skipped."""
+    """Claim, run and record `job_ids`; ids that are finished or held by a live claim are skipped.
+
+    Returns once every result is recorded, so the caller's ack never precedes the record.
+    """
     s = ctx.settings
     job_ids = list(dict.fromkeys(job_ids))
+    pending: list[Future[None]] = []
+    batch_ids: set[str] = set()
+    try:
+        with ctx.sessions() as session:
+            attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
+            session.commit()
+            fresh = [j for j in job_ids if attempts.get(j) == 0]
+            suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
+            # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
+            # they come; suspects are claimed one at a time, right before they run alone.
+            size = s.batch_max_jobs
+            for group in [*(fresh[i:i + size] for i in range(0, len(fresh), size)), *([j] for j in suspects)]:
+                if len(group) == 1 and group[0] in suspects:
+                    _wait(pending)  # a suspect may kill this process: keep what is done so far
+                rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
+                                             max_attempts=s.max_attempts)
+                if exhausted:
+                    log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
+                    batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
+                if not rows:
+                    continue
+                with ctx.lock:
+                    ctx.claims.update({r.id: r.claim_token for r in rows})
+                inputs, failed = _load_inputs(ctx, rows)
+                outputs = ctx.runner.run(inputs) if inputs else []
+                pending.append(ctx.recorder.submit(_record, ctx, rows, inputs, outputs, failed))
+                batch_ids.update(r.batch_id for r in rows)
+    finally:
+        _wait(pending)
     with ctx.sessions() as session:
-        attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
-        session.commit()
-        fresh = [j for j in job_ids if attempts.get(j) == 0]
-        suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
-        batch_ids: set[str] = set()
-        # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as they
-        # come; suspects are claimed one at a time, right before they run alone.
-        size = s.batch_max_jobs
-        for group in [*(fresh[i:i + size] for i in range(0, len(fresh), size)), *([j] for j in suspects)]:
-            rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
-                                         max_attempts=s.max_attempts)
-            if exhausted:
-                log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
-                batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
-            if not rows:
-                continue
-            with ctx.lock:
-                ctx.claims.update({r.id: r.claim_token for r in rows})
-            _run_claimed(ctx, session, rows)
-            batch_ids.update(r.batch_id for r in rows)
         for batch_id in batch_ids - {None}:
             try_finalize(session, batch_id=batch_id, storage=ctx.storage)
 

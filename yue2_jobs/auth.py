@@ -33,13 +33,21 @@ def create_api_key(session: Session, *, tenant: str, name: str = "") -> str:
     return secret
 
 
+def cached_tenant(secret: str | None) -> str | None:
+    """The tenant of a key looked up less than CACHE_TTL_S ago, without touching the database."""
+    if not secret:
+        return None
+    hit = _cache.get(hash_key(secret))
+    return hit[0] if hit is not None and hit[1] > time.monotonic() else None
+
+
 def tenant_for_key(session: Session, secret: str | None) -> str:
     if not secret:
         raise AuthError("no API key: send `Authorization: Bearer <key>`")
     digest = hash_key(secret)
-    hit = _cache.get(digest)
-    if hit is not None and hit[1] > time.monotonic():
-        return hit[0]
+    cached = cached_tenant(secret)
+    if cached is not None:
+        return cached
     tenant = session.execute(select(ApiKey.tenant).where(ApiKey.key_hash == digest,
                                                          ApiKey.revoked_at.is_(None))).scalar_one_or_none()
     if tenant is None:

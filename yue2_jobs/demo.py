@@ -1,48 +1,139 @@
-"""`make demo`: summarise held-out texts with the shipped `base` and `legal` checkpoints.
+"""`make demo`: the whole pipeline on the embedded default, with no Redis, Postgres or S3 server.
 
-Runs in-process on the CPU with no servers: the embedded default until the job pipeline
-lands. Shows each checkpoint on both eval sets, beside the reference summary, decoded in
-`hybrid` mode (the output `ar` would give, in fewer decoder steps), with its step counts.
+SQLite, kombu's filesystem transport and a local storage directory stand in for the three
+servers; everything else is the production code path. The demo migrates a fresh database, starts
+the HTTP API (in this process) and a `yue2 worker` (a subprocess holding the shipped `base`
+checkpoint), submits a batch of held-out texts through the API as an OpenAI-style JSONL file,
+waits with a progress bar, prints a few summaries and the throughput, and stops the worker.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
+from statistics import median
 
-from transformers.utils import logging as hf_logging
+from tqdm import tqdm
 
-from yue2_jobs.model.checkpoint import load_checkpoint
-from yue2_jobs.model.data import read_split
-from yue2_jobs.model.evaluate import summarize
-from yue2_jobs.model.stats import SequenceStats, summarize_stats
+from yue2_jobs.core.config import ROOT, Settings
 
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES_PER_SET = 3
+SHOWN = 4
 
 
-def main() -> None:
-    hf_logging.disable_progress_bar()
-    examples = {c: read_split(ROOT / "data", c, "eval")[:EXAMPLES_PER_SET] for c in ("general", "legal")}
-    for name in ("base", "legal"):
-        path = ROOT / "checkpoints" / name
-        model, tokenizer = load_checkpoint(path)
-        print(f"=== checkpoint {name} ({path.relative_to(ROOT)}, mode hybrid)")
-        for corpus, rows in examples.items():
-            t0 = time.perf_counter()
-            stats: list[SequenceStats] = []
-            preds = summarize(model, tokenizer, [r["text"] for r in rows], mode="hybrid", stats_out=stats)
-            dt = time.perf_counter() - t0
-            total = summarize_stats(stats)
-            print(f"--- {corpus} eval set, {len(rows)} texts in {dt:.2f}s: {total['tokens']} tokens in "
-                  f"{total['decoder_steps']} decoder steps (tau {total['tau']:.2f}, "
-                  f"{100 * total['nar_share']:.0f}% drafted by the NAR branch)")
-            for row, pred in zip(rows, preds, strict=True):
-                print(f"  input:     {row['text'][:100]}…")
-                print(f"  reference: {row['summary']}")
-                print(f"  {name:<9}  {pred}")
+def _start_api(settings: Settings) -> tuple[object, str]:
+    import socket
+
+    import uvicorn
+
+    from yue2_jobs.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise SystemExit("demo: the API did not start within 30 s")
+        time.sleep(0.05)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def main(*, items: int = 200, keep: bool = False) -> None:
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.client import Client
+    from yue2_jobs.db.migrate import upgrade_head
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.model.data import read_split
+
+    t_start = time.perf_counter()
+    home = Path(tempfile.mkdtemp(prefix="yue2-demo-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
+    ready = home / "worker.ready"
+    env.update(YUE2_HOME=str(home), YUE2_BATCH_MAX_JOBS="32", YUE2_BATCH_FLUSH_MS="50",
+               YUE2_WORKER_READY_FILE=str(ready))
+    os.environ.update(env)
+    settings = Settings()
+    print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
+    upgrade_head(settings.resolved_database_url)
+    with session_factory(settings.resolved_database_url)() as session:
+        key = create_api_key(session, tenant="demo")
+    server, url = _start_api(settings)
+    worker_log = home / "worker.log"
+    worker = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", "--variant", "base"], cwd=ROOT, env=env,
+                              stdout=worker_log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        while not ready.exists():  # the worker imports torch and loads the checkpoint first
+            if worker.poll() is not None:
+                raise SystemExit(f"demo: the worker exited ({worker.returncode}):\n{worker_log.read_text()[-2000:]}")
+            time.sleep(0.1)
+        print(f"worker {ready.read_text()} ready {time.perf_counter() - t_start:.1f}s after start")
+        rows = read_split(ROOT / "data", "general", "eval") + read_split(ROOT / "data", "legal", "eval")
+        rows = rows[:items]
+        batch_file = home / "batch.jsonl"
+        batch_file.write_text("".join(json.dumps({"custom_id": f"eval-{i}", "method": "POST", "url": "/v1/summarize",
+                                                  "body": {"input": r["text"]}}, ensure_ascii=False) + "\n"
+                                      for i, r in enumerate(rows)))
+        client = Client(url, key)
+        t_submit = time.perf_counter()
+        batch = client.create_batch(client.upload(batch_file)["id"], metadata={"source": "make demo"})
+        print(f"submitted {batch['request_counts']['total']} summaries as {batch['id']} "
+              f"in {time.perf_counter() - t_submit:.2f}s (API at {url}, worker pid {worker.pid})")
+        with tqdm(total=len(rows), unit="job", desc="summarizing", file=sys.stdout, mininterval=0.5) as bar:
+            def update(state: dict) -> None:
+                if worker.poll() is not None:
+                    raise SystemExit(f"demo: the worker exited ({worker.returncode}):\n"
+                                     f"{worker_log.read_text()[-2000:]}")
+                counts = state["request_counts"]
+                bar.update(counts["completed"] + counts["failed"] - bar.n)
+
+            state = client.wait(batch["id"], poll_s=0.2, timeout_s=600, on_update=update)
+        wall = time.perf_counter() - t_submit
+        lines = [json.loads(ln) for ln in client.file_content(state["output_file_id"]).decode().splitlines()]
+        by_id = {f"eval-{i}": r for i, r in enumerate(rows)}
         print()
+        for line in sorted(lines, key=lambda ln: int(ln["custom_id"].split("-")[1]))[:: max(1, len(lines) // SHOWN)][
+                :SHOWN]:
+            row, body = by_id[line["custom_id"]], line["response"]["body"]
+            print(f"[{line['custom_id']}] {row['text'][:110]}…")
+            print(f"  reference: {row['summary']}")
+            print(f"  {body['checkpoint']}: {body['output']}")
+        bodies = [ln["response"]["body"] for ln in lines]
+        tokens = sum(b["usage"]["output_tokens"] for b in bodies)
+        steps = sum(b["decoding"]["decoder_steps"] for b in bodies)
+        nar = sum(b["decoding"]["nar_tokens"] for b in bodies)
+        latencies = [client.job(b["id"]) for b in bodies[:: max(1, len(bodies) // 40)]]
+        lat = [j["finished_at"] - j["created_at"] for j in latencies]
+        counts = state["request_counts"]
+        print()
+        print(f"{'jobs':>6} {'failed':>6} {'wall s':>7} {'jobs/s':>7} {'tokens':>7} {'tokens/s':>9} "
+              f"{'tau':>5} {'NAR share':>9} {'p50 job latency s':>17}")
+        print(f"{counts['completed']:>6} {counts['failed']:>6} {wall:>7.1f} {counts['completed'] / wall:>7.1f} "
+              f"{tokens:>7} {tokens / wall:>9.0f} {tokens / steps:>5.2f} {100 * nar / tokens:>8.1f}% "
+              f"{median(lat):>17.1f}")
+        print(f"(tau: tokens per decoder step in hybrid mode; NAR share: tokens the NAR branch drafted and the "
+              f"AR branch verified. Total demo time {time.perf_counter() - t_start:.1f}s.)")
+        if counts["failed"] or state["status"] != "completed":
+            raise SystemExit(f"demo: batch ended {state['status']} with {counts['failed']} failed requests")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        server.should_exit = True  # type: ignore[attr-defined]
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    main(items=int(sys.argv[1]) if len(sys.argv) > 1 else 200)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -13,6 +12,7 @@ from sqlalchemy import func, select, text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from yue2_jobs.api.deps import AppState
+from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.routes import batches, jobs
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job
@@ -72,10 +72,38 @@ class _TooLarge(Exception):
     pass
 
 
+class MetricsMiddleware:
+    """Request counts and latency by route template; plain ASGI (BaseHTTPMiddleware costs ~1 ms)."""
+
+    def __init__(self, app: ASGIApp, *, requests: Counter, latency: Histogram) -> None:
+        self.app, self.requests, self.latency = app, requests, latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.latency.labels(scope["method"], route).observe(time.perf_counter() - t0)
+            self.requests.labels(scope["method"], route, str(status)).inc()
+
+
 def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="yue2-jobs", version="0.1.0")
+    sessions = session_factory(settings.resolved_database_url)
     app.state.yue2 = AppState(
-        settings=settings, sessions=session_factory(settings.resolved_database_url),
+        settings=settings, sessions=sessions, job_reader=JobReader(settings.resolved_database_url, sessions),
         storage=storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                  region=settings.s3_region),
         celery=make_celery(settings))
@@ -85,15 +113,7 @@ def create_app(settings: Settings) -> FastAPI:
                         buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
     jobs_by_status = Gauge("yue2_jobs", "Jobs in Postgres by status", ["status"], registry=registry)
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next: Any) -> Any:
-        t0 = time.perf_counter()
-        response = await call_next(request)
-        route = getattr(request.scope.get("route"), "path", "unmatched")
-        latency.labels(request.method, route).observe(time.perf_counter() - t0)
-        requests.labels(request.method, route, str(response.status_code)).inc()
-        return response
-
+    app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)  # type: ignore[arg-type]
     app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes,  # type: ignore[arg-type]
                        file_limit=settings.max_file_bytes)
 

@@ -8,9 +8,11 @@ from typing import Annotated
 
 from celery import Celery
 from fastapi import Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
-from yue2_jobs.auth import tenant_for_key
+from yue2_jobs.api.job_reader import JobReader
+from yue2_jobs.auth import cached_tenant, tenant_for_key
 from yue2_jobs.core.config import Settings
 from yue2_jobs.storage import Storage
 
@@ -21,9 +23,10 @@ class AppState:
     sessions: sessionmaker[Session]
     storage: Storage
     celery: Celery
+    job_reader: JobReader
 
 
-def get_state(request: Request) -> AppState:
+async def get_state(request: Request) -> AppState:
     return request.app.state.yue2  # type: ignore[no-any-return]
 
 
@@ -32,10 +35,16 @@ def get_session(state: Annotated[AppState, Depends(get_state)]) -> Iterator[Sess
         yield session
 
 
-def get_tenant(session: Annotated[Session, Depends(get_session)],
-               authorization: Annotated[str | None, Header()] = None) -> str:
+def _lookup_tenant(sessions: sessionmaker[Session], secret: str | None) -> str:
+    with sessions() as session:
+        return tenant_for_key(session, secret)
+
+
+async def get_tenant(state: Annotated[AppState, Depends(get_state)],
+                     authorization: Annotated[str | None, Header()] = None) -> str:
+    # async, so that a cached key costs no trip through the thread pool
     secret = authorization.removeprefix("Bearer ").strip() if authorization else None
-    return tenant_for_key(session, secret)
+    return cached_tenant(secret) or await run_in_threadpool(_lookup_tenant, state.sessions, secret)
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     runner: str = Field(
         "workers.runner:ModelRunner", description="`module:factory` building a worker's job runner."
     )
+    worker_ready_file: Path | None = Field(None, description="A worker touches this file once it consumes tasks.")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads in a worker.")
 
     # --- API

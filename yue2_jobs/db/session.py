@@ -42,7 +42,9 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_size=10, max_overflow=20, pool_pre_ping=True)
+    # No pre-ping: it costs a round trip per checkout on the API's hot path. A connection the
+    # server dropped fails its statement once (DatabaseUnavailableError, retryable) and is replaced.
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800)
 
 
 @lru_cache

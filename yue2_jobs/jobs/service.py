@@ -61,6 +61,15 @@ def get_job(session: Session, *, tenant: str, job_id: str) -> Job:
     return job
 
 
+def get_job_row(session: Session, *, tenant: str, job_id: str) -> Any:
+    """`get_job` as a Core row (attribute access like the ORM object), without the ORM's overhead."""
+    table = Job.__table__
+    row = session.execute(select(table).where(table.c.id == job_id, table.c.tenant == tenant)).one_or_none()
+    if row is None:
+        raise NotFoundError(f"no job {job_id!r}")
+    return row
+
+
 def cancel_job(session: Session, *, tenant: str, job_id: str) -> Job:
     job = get_job(session, tenant=tenant, job_id=job_id)
     cancel_jobs(session, where=(Job.id == job.id))

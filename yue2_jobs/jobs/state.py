@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import TERMINAL, Job, JobStatus
@@ -72,25 +72,31 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
     return n
 
 
-def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> list[str]:
-    """Mark jobs succeeded or failed; each dict holds `id`, `claim_token`, `status` and the columns to set.
+FINISH_COLUMNS = ("status", "checkpoint", "output_key", "output_text", "error", "input_tokens", "output_tokens",
+                  "decoder_steps", "nar_tokens")
 
-    Returns the ids whose update took (the claim was still this worker's and the job not cancelled).
+
+def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:
+    """Mark jobs succeeded or failed, in one executemany; each dict holds `id`, `claim_token` and
+    FINISH_COLUMNS (missing ones are set to None).
+
+    An update takes only where the claim is still this worker's and the job was not cancelled
+    meanwhile; returns how many took.
     """
+    table = Job.__table__
+    stmt = (table.update()
+            .where(table.c.id == bindparam("b_id"), table.c.claim_token == bindparam("b_token"),
+                   table.c.status == JobStatus.RUNNING)
+            .values(finished_at=bindparam("b_finished_at"), lease_expires_at=None,
+                    **{c: bindparam(f"b_{c}") for c in FINISH_COLUMNS}))
     now = utcnow()
-    done: list[str] = []
-    for r in results:
-        values = {k: v for k, v in r.items() if k not in ("id", "claim_token")}
-        row = session.execute(
-            update(Job)
-            .where(Job.id == r["id"], Job.claim_token == r["claim_token"], Job.status == JobStatus.RUNNING)
-            .values(finished_at=now, lease_expires_at=None, **values)
-            .returning(Job.id)
-        ).scalar_one_or_none()
-        if row is not None:
-            done.append(row)
+    params = [{"b_id": r["id"], "b_token": r["claim_token"], "b_finished_at": now,
+               **{f"b_{c}": r.get(c) for c in FINISH_COLUMNS}} for r in results]
+    if not params:
+        return 0
+    n = session.connection().execute(stmt, params).rowcount
     session.commit()
-    return done
+    return n
 
 
 def cancel_jobs(session: Session, *, where: Any) -> int:

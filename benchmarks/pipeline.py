@@ -1,0 +1,256 @@
+"""Pipeline benchmark: N summary jobs through API -> Redis -> worker -> Postgres + S3 (a moto server).
+
+Measures, in one run:
+- submit time: upload of the JSONL file plus POST /v1/batches (the jobs are in Postgres then);
+- end-to-end jobs/s and decoder tokens/s, from the start of the submit to the batch `completed`;
+- the bare decoder's tokens/s on the same texts, in the same micro-batches (arrival order, 32
+  per call, length-sorted inside, same mode and torch threads), in this process without the
+  pipeline; pipeline efficiency = end-to-end tokens/s / bare tokens/s;
+- GET /v1/jobs/{id} latency p50/p99 under an open-loop load of --rps requests/s while a second
+  batch (--latency-jobs) runs. It is a separate phase: on a 2-core machine the load generator and
+  the API would otherwise take the worker's cores and the efficiency figure would measure that.
+
+Every process runs on this machine: the API (uvicorn), one worker, Postgres, Redis, moto and the
+load generator share its cores. Needs Postgres and Redis on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def texts_for(n: int) -> list[str]:
+    from yue2_jobs.model.data import read_split
+
+    pool = [r["text"] for c in ("general", "legal") for r in read_split(ROOT / "data", c, "eval")]
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+def bare_tokens_per_s(texts: list[str], *, variant_dir: Path, batch: int, threads: int) -> dict[str, float]:
+    import torch
+
+    from workers.runner import JobInput, ModelRunner
+    from yue2_jobs.core.config import Settings
+
+    torch.set_num_threads(threads)
+    runner = ModelRunner(variant="base", settings=Settings(checkpoints={"base": variant_dir}, batch_max_jobs=batch,
+                                                           torch_threads=threads))
+    jobs = [JobInput(id=str(i), kind="summarize", text=t, params={"mode": "hybrid", "max_new_tokens": 48,
+                                                                    "do_sample": False, "temperature": 1.0})
+            for i, t in enumerate(texts)]
+    runner.run(jobs[:batch])  # warm-up
+    t0 = time.perf_counter()
+    tokens = 0
+    for start in range(0, len(jobs), batch):
+        tokens += sum(o.output_tokens for o in runner.run(jobs[start:start + batch]))  # type: ignore[union-attr]
+    dt = time.perf_counter() - t0
+    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "jobs_per_s": len(jobs) / dt}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--bare-jobs", type=int, default=2_000, help="texts the bare decoder runs (a prefix)")
+    parser.add_argument("--batch", type=int, default=32, help="micro-batch size (YUE2_BATCH_MAX_JOBS)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the worker and the bare run")
+    parser.add_argument("--rps", type=int, default=200, help="GET /v1/jobs/{id} requests per second")
+    parser.add_argument("--worker-nice", type=int, default=10, help="nice value of the worker process")
+    parser.add_argument("--latency-jobs", type=int, default=2_000, help="jobs of the batch that runs under GET load")
+    parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pipeline.json"))
+    args = parser.parse_args()
+
+    import boto3
+    import httpx
+    import redis
+    from sqlalchemy import create_engine, select, text
+
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.client import Client
+    from yue2_jobs.db.migrate import upgrade_head
+    from yue2_jobs.db.models import Job
+    from yue2_jobs.db.session import session_factory
+
+    texts = texts_for(args.jobs)
+    db = f"yue2_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{db}"'))
+    db_url = args.pg.rsplit("/", 1)[0] + f"/{db}"
+    upgrade_head(db_url)
+    redis.Redis.from_url(args.redis).flushdb()
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-bench-{db}"
+    logs.mkdir(parents=True, exist_ok=True)
+    try:
+        s3_port, api_port = free_port(), free_port()
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+               "YUE2_HOME": str(logs), "YUE2_DATABASE_URL": db_url, "YUE2_BROKER_URL": args.redis,
+               "YUE2_STORAGE_URL": "s3://yue2-bench/out", "YUE2_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+               "YUE2_BATCH_MAX_JOBS": str(args.batch), "YUE2_TORCH_THREADS": str(args.threads),
+               "YUE2_WORKER_READY_FILE": str(logs / "ready")}
+        os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+        procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        endpoint = f"http://127.0.0.1:{s3_port}"
+        wait_until(lambda: _up(httpx, endpoint), 30, "moto")
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="yue2-bench")
+        procs.append(subprocess.Popen([sys.executable, "-m", "yue2_jobs", "api", "--port", str(api_port)], cwd=ROOT,
+                                      env=env, stdout=(logs / "api.log").open("wb"), stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{api_port}"
+        wait_until(lambda: _up(httpx, url + "/healthz"), 60, "the API")
+        # Everything shares this machine's cores; the worker runs at nice 10, as a batch worker placed
+        # beside an API should, so that interactive GETs are not queued behind decoding.
+        procs.append(subprocess.Popen(["nice", "-n", str(args.worker_nice), sys.executable, "-m", "yue2_jobs",
+                                       "worker"], cwd=ROOT, env=env,
+                                      stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT))
+        wait_until(lambda: (logs / "ready").exists(), 120, "the worker")
+        with session_factory(db_url)() as session:
+            key = create_api_key(session, tenant="bench")
+        client = Client(url, key, timeout=300)
+        batch_file = logs / "batch.jsonl"
+        batch_file.write_text("".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/summarize",
+                                                  "body": {"input": t}}) + "\n" for i, t in enumerate(texts)))
+
+        def run_batch(path: Path, *, under_load: bool) -> dict[str, Any]:
+            t0 = time.perf_counter()
+            batch = client.create_batch(client.upload(path)["id"])
+            submit_s = time.perf_counter() - t0
+            latencies: list[float] = []
+            stop_file = logs / f"stop-{batch['id']}"
+            if under_load:
+                with session_factory(db_url)() as session:
+                    ids = list(session.execute(select(Job.id).where(Job.batch_id == batch["id"])).scalars())
+                (logs / "ids.txt").write_text("\n".join(ids))
+                loader = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "loadgen.py"), "--url", url,
+                                           "--key", key, "--ids", str(logs / "ids.txt"), "--rps", str(args.rps),
+                                           "--seconds", "3600", "--stop-file", str(stop_file)],
+                                          stdout=subprocess.PIPE)
+            last = -1
+            while (state := client.batch(batch["id"]))["status"] not in ("completed", "failed", "cancelled"):
+                done = state["request_counts"]["completed"] + state["request_counts"]["failed"]
+                if done // 1000 != last // 1000:
+                    print(f"  {done}/{state['request_counts']['total']} done after {time.perf_counter() - t0:.0f}s",
+                          flush=True)
+                last = done
+                time.sleep(0.5)
+            e2e_s = time.perf_counter() - t0
+            load_s = time.perf_counter() - t0
+            stop_file.touch()
+            if under_load:
+                report = json.loads(loader.communicate()[0])
+                latencies = report["latencies"]
+                load_s = report["sent_s"]
+                if report["error_count"]:
+                    print(f"  {report['error_count']} GET errors, e.g. {report['errors'][:3]}")
+            with session_factory(db_url)() as session:
+                rows = session.execute(select(Job.output_tokens, Job.started_at, Job.finished_at, Job.status)
+                                       .where(Job.batch_id == batch["id"])).all()
+            return {"submit_s": submit_s, "e2e_s": e2e_s, "rows": rows, "latencies": latencies, "load_s": load_s}
+
+        batch_file = logs / "batch.jsonl"
+        batch_file.write_text("".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/summarize",
+                                                  "body": {"input": t}}) + "\n" for i, t in enumerate(texts)))
+        print(f"phase 1: {args.jobs} jobs, no other load")
+        phase1 = run_batch(batch_file, under_load=False)
+        load_file = logs / "batch2.jsonl"
+        load_file.write_text("".join(json.dumps({"custom_id": f"l{i}", "method": "POST", "url": "/v1/summarize",
+                                                 "body": {"input": t}}) + "\n"
+                                     for i, t in enumerate(texts[:args.latency_jobs])))
+        print(f"phase 2: {args.latency_jobs} jobs under {args.rps} GET /v1/jobs/{{id}} per second")
+        phase2 = run_batch(load_file, under_load=True)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        redis.Redis.from_url(args.redis).flushdb()
+    # The bare decoder runs after the pipeline is down, so neither steals the other's cores.
+    bare = bare_tokens_per_s(texts[:args.bare_jobs], variant_dir=ROOT / "checkpoints" / "base", batch=args.batch,
+                             threads=args.threads)
+    rows, e2e_s, submit_s = phase1["rows"], phase1["e2e_s"], phase1["submit_s"]
+    tokens = sum(r.output_tokens or 0 for r in rows)
+    busy_s = (max(r.finished_at for r in rows) - min(r.started_at for r in rows)).total_seconds()
+    latencies = phase2["latencies"]
+    e2e_tps = tokens / e2e_s
+    result = {
+        "jobs": args.jobs, "succeeded": sum(r.status == "succeeded" for r in rows), "batch": args.batch,
+        "threads": args.threads, "submit_s": submit_s, "e2e_s": e2e_s, "e2e_jobs_per_s": args.jobs / e2e_s,
+        "tokens": tokens, "e2e_tokens_per_s": e2e_tps, "worker_busy_s": busy_s,
+        "bare": bare, "efficiency": e2e_tps / bare["tokens_per_s"],
+        "get_job": {"rps_target": args.rps, "requests": len(latencies), "jobs": args.latency_jobs,
+                    "batch_s": phase2["e2e_s"],
+                    "batch_succeeded": sum(r.status == "succeeded" for r in phase2["rows"]),
+                    "achieved_rps": len(latencies) / phase2["load_s"] if latencies else 0.0,
+                    "p50_ms": 1000 * median(latencies) if latencies else None,
+                    "p99_ms": 1000 * percentile(latencies, 0.99) if latencies else None},
+    }
+    print()
+    print(f"{'metric':<44} {'value':>12} {'target':>10}")
+    for name, value, target in [
+        ("jobs succeeded", f"{result['succeeded']}/{args.jobs}", ""),
+        ("submit s (upload + create batch)", f"{submit_s:.2f}", "<= 5"),
+        ("end-to-end s", f"{e2e_s:.1f}", ""),
+        ("end-to-end jobs/s", f"{result['e2e_jobs_per_s']:.1f}", ""),
+        ("end-to-end decoder tokens/s", f"{e2e_tps:.0f}", ""),
+        (f"bare decoder tokens/s ({args.bare_jobs} texts)", f"{bare['tokens_per_s']:.0f}", ""),
+        ("pipeline efficiency", f"{result['efficiency']:.3f}", ">= 0.9"),
+        (f"phase 2: {args.latency_jobs} jobs under GET load, s", f"{phase2['e2e_s']:.1f}", ""),
+        (f"GET /v1/jobs/{{id}} p50 ms @ {args.rps}/s", f"{result['get_job']['p50_ms']:.1f}", ""),
+        (f"GET /v1/jobs/{{id}} p99 ms @ {args.rps}/s", f"{result['get_job']['p99_ms']:.1f}", "<= 20"),
+        ("GET achieved requests/s", f"{result['get_job']['achieved_rps']:.0f}", ""),
+    ]:
+        print(f"{name:<44} {value:>12} {target:>10}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+def _up(httpx: Any, url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
