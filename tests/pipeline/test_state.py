@@ -1,0 +1,116 @@
+"""Job state changes (SQLite, fast): claims, leases, attempts, cancellation; status never moves backwards."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.migrate import upgrade_head
+from yue2_jobs.db.models import Job
+from yue2_jobs.db.session import session_factory
+from yue2_jobs.jobs import service
+from yue2_jobs.jobs.state import cancel_jobs, claim_jobs, finish_jobs
+from yue2_jobs.storage import LocalStorage
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Any:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    upgrade_head(url)
+    settings = Settings(home=tmp_path, inline_input_bytes=64)
+    sessions = session_factory(url)
+    storage = LocalStorage(tmp_path / "storage")
+    session = sessions()
+    jobs = [service.create_job(session, tenant="t", body={"input": f"text {i}"}, settings=settings, storage=storage)
+            for i in range(4)]
+    yield session, [j.id for j in jobs], settings, storage
+    session.close()
+
+
+def status(session: Any, job_id: str) -> tuple[str, int]:
+    session.expire_all()
+    job = session.get_one(Job, job_id)
+    return job.status, job.attempts
+
+
+def done(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "claim_token": row.claim_token, "status": "succeeded", "output_key": "k",
+            "output_text": "out"}
+
+
+def test_claim_is_exclusive_while_the_lease_lives(env: Any) -> None:
+    session, ids, *_ = env
+    rows, exhausted = claim_jobs(session, job_ids=ids, worker="w1", lease_s=60, max_attempts=3)
+    assert {r.id for r in rows} == set(ids) and exhausted == []
+    again, _ = claim_jobs(session, job_ids=ids, worker="w2", lease_s=60, max_attempts=3)
+    assert again == []  # a redelivered task finds nothing to do
+    assert status(session, ids[0]) == ("running", 1)
+
+
+def test_expired_lease_is_reclaimed_and_the_old_claim_cannot_finish(env: Any) -> None:
+    session, ids, *_ = env
+    (old,), _ = claim_jobs(session, job_ids=ids[:1], worker="w1", lease_s=0.05, max_attempts=3)
+    time.sleep(0.1)  # the lease runs out: w1 is presumed dead
+    (new,), _ = claim_jobs(session, job_ids=ids[:1], worker="w2", lease_s=60, max_attempts=3)
+    assert new.attempts == 2 and new.claim_token != old.claim_token
+    assert finish_jobs(session, [done(old)]) == 0  # the dead worker's late write is refused
+    assert finish_jobs(session, [done(new)]) == 1
+    assert status(session, ids[0]) == ("succeeded", 2)
+    # finished is final: neither a claim nor a cancel moves it
+    assert claim_jobs(session, job_ids=ids[:1], worker="w3", lease_s=60, max_attempts=3) == ([], [])
+    assert cancel_jobs(session, where=Job.id == ids[0]) == 0
+    assert status(session, ids[0]) == ("succeeded", 2)
+
+
+def test_a_job_claimed_max_attempts_times_ends_failed(env: Any) -> None:
+    session, ids, *_ = env
+    for attempt in range(1, 3):
+        (row,), _ = claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=0.01, max_attempts=2)
+        assert row.attempts == attempt
+        time.sleep(0.05)
+    rows, exhausted = claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=2)
+    assert rows == [] and exhausted == [ids[0]]
+    session.expire_all()
+    job = session.get_one(Job, ids[0])
+    assert job.status == "failed" and job.error["code"] == "max_attempts_exceeded"
+
+
+def test_cancel_running_discards_the_result(env: Any) -> None:
+    session, ids, *_ = env
+    (row,), _ = claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=3)
+    assert cancel_jobs(session, where=Job.id == ids[0]) == 1
+    assert finish_jobs(session, [done(row)]) == 0
+    assert status(session, ids[0]) == ("cancelled", 1)
+    assert claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=3) == ([], [])
+
+
+def test_large_inputs_go_to_storage(env: Any) -> None:
+    session, _, settings, storage = env
+    job = service.create_job(session, tenant="t", body={"input": "word " * 100}, settings=settings, storage=storage)
+    assert job.input_text is None and storage.get(job.input_key).decode() == "word " * 100
+
+
+def test_status_never_moves_backwards_by_any_update_path(env: Any) -> None:
+    session, ids, *_ = env
+    rows, _ = claim_jobs(session, job_ids=ids, worker="w", lease_s=60, max_attempts=3)
+    finish_jobs(session, [done(r) for r in rows[:2]])
+    cancel_jobs(session, where=Job.id.in_(ids))
+    statuses = dict(session.execute(select(Job.id, Job.status)).all())
+    assert [statuses[i] for i in ids] == ["succeeded", "succeeded", "cancelled", "cancelled"]
+    session.execute(update(Job).values(lease_expires_at=None))
+    session.commit()
+    assert claim_jobs(session, job_ids=ids, worker="w", lease_s=60, max_attempts=3) == ([], [])
+
+
+def test_settings_are_validated_at_start(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="YUE2_DEFAULT_VARIANT"):
+        Settings(default_variant="nope")
+    with pytest.raises(ValidationError, match="YUE2_VISIBILITY_TIMEOUT_S"):
+        Settings(lease_s=3600, visibility_timeout_s=3600)
