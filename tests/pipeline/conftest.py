@@ -6,6 +6,7 @@ A missing Postgres or Redis skips these tests locally and fails them under CI=tr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -52,11 +53,12 @@ def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interva
         time.sleep(interval)
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
+@contextlib.contextmanager
+def temporary_pg_database(prefix: str) -> Iterator[str]:
+    """A new, empty database on the real Postgres, dropped afterwards; yields its URL."""
     from sqlalchemy import create_engine, text
 
-    name = f"yue2_test_{uuid.uuid4().hex[:10]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     try:
         admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
@@ -64,13 +66,21 @@ def pg_url() -> Iterator[str]:
     except Exception as exc:
         _unavailable("Postgres at 127.0.0.1:5432", exc)
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    yield url
-    from yue2_jobs.db.session import engine_for
+    try:
+        yield url
+    finally:
+        from yue2_jobs.db.session import engine_for
 
-    engine_for(url).dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+        engine_for(url).dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    with temporary_pg_database("yue2_test") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -261,3 +261,59 @@ def test_cancel_job_and_batch(client: Client, workers: Any, settings: Any, eval_
     assert wait_batch(client, small, timeout=120, worker=worker)["status"] == "completed"
     with pytest.raises(ApiError, match="409"):
         client.cancel(small)
+
+
+def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, workers: Any, eval_texts: list[str]
+                                                           ) -> None:
+    import torch
+
+    from yue2_jobs.model.checkpoint import load_checkpoint
+
+    text = eval_texts[3]
+    worker = workers()
+    jobs = {
+        "ar": client.submit_job({"input": text, "mode": "ar"}),
+        "hybrid": client.submit_job({"input": text}),
+        "sampled": client.submit_job({"kind": "generate", "prompt": text, "do_sample": True, "seed": 7,
+                                      "temperature": 0.8, "max_new_tokens": 20, "mode": "ar"}),
+    }
+    done = {k: wait_for(lambda j=j: (s := client.job(j["id"]))["status"] in ("succeeded", "failed") and s,
+                        timeout=120, what=f"{k} job") for k, j in jobs.items()}
+    assert {s["status"] for s in done.values()} == {"succeeded"}, (done, worker.tail())
+    assert done["ar"]["output"] == done["hybrid"]["output"] == direct_summaries((text,))[text]
+    assert done["hybrid"]["params"]["mode"] == "hybrid" and done["hybrid"]["decoding"]["tau"] >= 1.0
+    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
+    enc = tokenizer([text], truncation=True, max_length=128, return_tensors="pt")
+    with torch.inference_mode():
+        seq = model.generate(enc["input_ids"], enc["attention_mask"], yue_mode="ar", do_sample=True, seed=7,
+                             temperature=0.8, max_new_tokens=20)
+    assert done["sampled"]["output"] == tokenizer.decode(seq[0], skip_special_tokens=True).strip()
+    assert done["sampled"]["kind"] == "generate"
+
+
+def test_cli_submit_wait_results_cancel(api: Any, settings: Any, workers: Any, eval_texts: list[str],
+                                        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    key = new_key(settings, f"t-{uuid.uuid4().hex[:8]}")
+    env = {**__import__("os").environ, "YUE2_API_URL": api.url, "YUE2_API_KEY": key}
+
+    def yue2(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "yue2_jobs", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    by_custom_id = write_batch(tmp_path / "in.jsonl", eval_texts[:10])
+    submitted = yue2("submit", str(tmp_path / "in.jsonl"))
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = submitted.stdout.strip()
+    assert batch_id.startswith("batch_") and "upload" in submitted.stderr
+    assert json.loads(yue2("status", batch_id).stdout)["request_counts"]["total"] == 10
+    worker = workers()
+    waited = yue2("wait", batch_id, "--poll", "0.2")
+    assert waited.returncode == 0, waited.stderr + worker.tail()
+    assert json.loads(waited.stdout)["status"] == "completed" and "10/10" in waited.stderr
+    assert yue2("results", batch_id, "-o", str(tmp_path / "out.jsonl")).returncode == 0
+    check_outputs([json.loads(ln) for ln in (tmp_path / "out.jsonl").read_text().splitlines()], by_custom_id)
+    cancelled = yue2("cancel", batch_id)
+    assert cancelled.returncode == 2 and "409" in cancelled.stderr

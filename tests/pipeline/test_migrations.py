@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import create_engine, inspect
 
-from tests.pipeline.conftest import PG_ADMIN_URL, _unavailable
+from tests.pipeline.conftest import temporary_pg_database
 from yue2_jobs.db.migrate import alembic_config, upgrade_head
 from yue2_jobs.db.models import Base
 
@@ -33,19 +32,8 @@ def check_round_trip(url: str) -> None:
 
 
 def test_migrations_on_empty_postgres() -> None:
-    name = f"yue2_mig_{uuid.uuid4().hex[:8]}"
-    try:
-        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
-        _unavailable("Postgres at 127.0.0.1:5432", exc)
-    try:
-        check_round_trip(PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with temporary_pg_database("yue2_mig") as url:
+        check_round_trip(url)
 
 
 def test_migrations_on_sqlite(tmp_path: Path) -> None:
