@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from workers.runner import JobInput, JobOutput
+from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.errors import InvalidRequestError
@@ -44,7 +46,11 @@ class WorkerContext:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
     recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
-    uploads: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(8, "yue2-put"))
+    uploader: Uploader | None = None
+
+    def __post_init__(self) -> None:
+        if self.uploader is None:
+            self.uploader = Uploader(self.settings, self.storage)
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -69,32 +75,36 @@ def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], l
     return inputs, failed
 
 
-def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> dict[str, Any]:
+def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[Future[None], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     values = {"checkpoint": ctx.runner.checkpoint, "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
-    ctx.storage.put(key, json.dumps(job_output_body(job, out.text), ensure_ascii=False).encode())
+    assert ctx.uploader is not None
+    put = ctx.uploader.submit(key, json.dumps(job_output_body(job, out.text), ensure_ascii=False).encode())
     inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
-    return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
-            "output_text": inline, "error": None, **values}
+    return put, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
+                 "output_text": inline, "error": None, **values}
 
 
 def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
             failed: list[dict[str, Any]]) -> None:
     by_id = {r.id: r for r in rows}
-
-    def store(pair: tuple[JobInput, Any]) -> dict[str, Any]:
-        job_in, out = pair
+    results = list(failed)
+    puts: list[tuple[Future[None], Any, dict[str, Any]]] = []
+    for job_in, out in zip(inputs, outputs, strict=True):
         row = by_id[job_in.id]
-        if not isinstance(out, JobOutput):
-            return _failed(ctx, row, out)
+        if isinstance(out, JobOutput):
+            put, result = _store_output(ctx, row, out)
+            puts.append((put, row, result))
+        else:
+            results.append(_failed(ctx, row, out))
+    for put, row, result in puts:
         try:
-            return _store_output(ctx, row, out)
-        except Exception as exc:
-            return _failed(ctx, row, exc)
-
-    results = failed + list(ctx.uploads.map(store, zip(inputs, outputs, strict=True)))
+            put.result()
+            results.append(result)
+        except Exception as exc:  # this job's output did not reach storage: it fails alone
+            results.append(_failed(ctx, row, exc))
     with ctx.sessions() as session:
         finish_jobs(session, results)
     with ctx.lock:
@@ -117,6 +127,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     job_ids = list(dict.fromkeys(job_ids))
     pending: list[Future[None]] = []
     batch_ids: set[str] = set()
+    t_start, decode_s = time.perf_counter(), 0.0
     try:
         with ctx.sessions() as session:
             attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
@@ -139,7 +150,9 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
                 with ctx.lock:
                     ctx.claims.update({r.id: r.claim_token for r in rows})
                 inputs, failed = _load_inputs(ctx, rows)
+                t_decode = time.perf_counter()
                 outputs = ctx.runner.run(inputs) if inputs else []
+                decode_s += time.perf_counter() - t_decode
                 pending.append(ctx.recorder.submit(_record, ctx, rows, inputs, outputs, failed))
                 batch_ids.update(r.batch_id for r in rows)
     finally:
@@ -147,6 +160,8 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     with ctx.sessions() as session:
         for batch_id in batch_ids - {None}:
             try_finalize(session, batch_id=batch_id, storage=ctx.storage)
+    log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
+             decode_s)
 
 
 def _ids(arg: str | list[str]) -> list[str]:
