@@ -5,7 +5,8 @@ Measures, in one run:
 - end-to-end jobs/s and decoder tokens/s, from the start of the submit to the batch `completed`;
 - the bare decoder's tokens/s on the same texts, in the same micro-batches (arrival order, 32
   per call, length-sorted inside, same mode and torch threads), in this process without the
-  pipeline; pipeline efficiency = end-to-end tokens/s / bare tokens/s;
+  pipeline, once before the pipeline starts and once after it stops (this VM's speed drifts by
+  tens of percent over minutes); pipeline efficiency = end-to-end tokens/s / their mean;
 - GET /v1/jobs/{id} latency p50/p99 under an open-loop load of --rps requests/s while a second
   batch (--latency-jobs) runs. It is a separate phase: on a 2-core machine the load generator and
   the API would otherwise take the worker's cores and the efficiency figure would measure that.
@@ -106,6 +107,9 @@ def main() -> None:
     from yue2_jobs.db.session import session_factory
 
     texts = texts_for(args.jobs)
+    bare_kwargs = {"variant_dir": ROOT / "checkpoints" / "base", "batch": args.batch, "threads": args.threads}
+    print(f"bare decoder on {args.bare_jobs} texts (before)")
+    bare_before = bare_tokens_per_s(texts[:args.bare_jobs], **bare_kwargs)
     db = f"yue2_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -208,8 +212,10 @@ def main() -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
         redis.Redis.from_url(args.redis).flushdb()
     # The bare decoder runs after the pipeline is down, so neither steals the other's cores.
-    bare = bare_tokens_per_s(texts[:args.bare_jobs], variant_dir=ROOT / "checkpoints" / "base", batch=args.batch,
-                             threads=args.threads)
+    print(f"bare decoder on {args.bare_jobs} texts (after)")
+    bare_after = bare_tokens_per_s(texts[:args.bare_jobs], **bare_kwargs)
+    bare = {"before": bare_before, "after": bare_after,
+            "tokens_per_s": (bare_before["tokens_per_s"] + bare_after["tokens_per_s"]) / 2}
     rows, e2e_s, submit_s = phase1["rows"], phase1["e2e_s"], phase1["submit_s"]
     tokens = sum(r.output_tokens or 0 for r in rows)
     busy_s = (max(r.finished_at for r in rows) - min(r.started_at for r in rows)).total_seconds()
@@ -235,7 +241,8 @@ def main() -> None:
         ("end-to-end s", f"{e2e_s:.1f}", ""),
         ("end-to-end jobs/s", f"{result['e2e_jobs_per_s']:.1f}", ""),
         ("end-to-end decoder tokens/s", f"{e2e_tps:.0f}", ""),
-        (f"bare decoder tokens/s ({args.bare_jobs} texts)", f"{bare['tokens_per_s']:.0f}", ""),
+        (f"bare decoder tokens/s ({args.bare_jobs} texts), before", f"{bare_before['tokens_per_s']:.0f}", ""),
+        (f"bare decoder tokens/s ({args.bare_jobs} texts), after", f"{bare_after['tokens_per_s']:.0f}", ""),
         ("pipeline efficiency", f"{result['efficiency']:.3f}", ">= 0.9"),
         (f"phase 2: {args.latency_jobs} jobs under GET load, s", f"{phase2['e2e_s']:.1f}", ""),
         (f"GET /v1/jobs/{{id}} p50 ms @ {args.rps}/s", f"{result['get_job']['p50_ms'] or 0:.1f}", ""),
