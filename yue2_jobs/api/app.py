@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from yue2_jobs.api.deps import AppState
@@ -130,6 +131,11 @@ def create_app(settings: Settings) -> FastAPI:
         if isinstance(exc, StorageError) or exc.retryable:
             return _error(503, str(exc), type_="service_unavailable")
         return _error(500, str(exc), type_="server_error")
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+        # foreign error translated at the boundary: the caller may retry
+        return _error(503, f"database unavailable: {type(exc.orig).__name__}", type_="service_unavailable")
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

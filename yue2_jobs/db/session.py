@@ -1,24 +1,13 @@
-"""Engines and sessions; foreign database errors become `PipelineError`s at `translate_db_errors`."""
+"""Engines and sessions. The API translates SQLAlchemy's OperationalError (database unreachable) into a 503."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-
-from yue2_jobs.errors import PipelineError
-
-
-class DatabaseUnavailableError(PipelineError):
-    """Raised when the database cannot be reached; the caller may retry."""
-
-    retryable = True
 
 
 def utcnow() -> datetime:
@@ -54,11 +43,3 @@ def engine_for(url: str) -> Engine:
 
 def session_factory(url: str) -> sessionmaker[Session]:
     return sessionmaker(engine_for(url), expire_on_commit=False)
-
-
-@contextlib.contextmanager
-def translate_db_errors() -> Iterator[None]:
-    try:
-        yield
-    except OperationalError as exc:
-        raise DatabaseUnavailableError(f"database unavailable: {exc.orig}") from exc

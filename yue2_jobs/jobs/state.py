@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import and_, bindparam, or_, update
 from sqlalchemy.orm import Session
 
-from yue2_jobs.db.models import TERMINAL, Job, JobStatus
+from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.db.session import utcnow
 
 CLAIM_COLUMNS = (Job.id, Job.tenant, Job.batch_id, Job.custom_id, Job.kind, Job.variant, Job.params, Job.input_text,
@@ -107,11 +107,3 @@ def cancel_jobs(session: Session, *, where: Any) -> int:
     ).rowcount
     session.commit()
     return n
-
-
-def is_terminal(status: str) -> bool:
-    return status in TERMINAL
-
-
-def job_statuses(session: Session, job_ids: list[str]) -> dict[str, str]:
-    return dict(session.execute(select(Job.id, Job.status).where(Job.id.in_(job_ids))).all())
