@@ -18,7 +18,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.jobs.reconciler import reconcile_once
 from yue2_jobs.jobs.state import renew_leases
-from yue2_jobs.queue import make_celery, queue_for
+from yue2_jobs.queue import make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
 
 log = logging.getLogger("yue2.worker")
@@ -54,8 +54,14 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
     runner = load_runner(settings, variant)
-    log.info("worker %s serving %s on queue %s", node, runner.checkpoint, queue_for(variant))
+    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s)", node, runner.checkpoint, queue_for(variant),
+             settings.batching, sorted(os.sched_getaffinity(0)))
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
+    assert ctx.metrics is not None
+    ctx.metrics.checkpoint_event("load", runner.checkpoint)
+    if settings.metrics_port:
+        ctx.metrics.serve(settings.metrics_port)
+        log.info("metrics on :%d/metrics", settings.metrics_port)
     app = make_celery(settings)
     register(app, lambda: ctx, settings)
 
@@ -66,6 +72,11 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
             claims = dict(ctx.claims)
         with sessions() as session:
             renew_leases(session, claims=claims, lease_s=settings.lease_s)
+
+    def sample() -> None:
+        assert ctx.metrics is not None
+        ctx.metrics.queue_depth.labels(node, "broker").set(queue_depth(settings, variant))
+        ctx.metrics.sample_gpu()
 
     def reconcile() -> None:
         with sessions() as session:
@@ -81,6 +92,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
             ready_file.write_text(node)
 
     _every(settings.lease_s / 3, stop, heartbeat, "lease-heartbeat")
+    _every(5.0, stop, sample, "metrics-sampler")
     if reconcile:
         _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
     try:

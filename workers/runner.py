@@ -1,8 +1,10 @@
-"""A worker's job runner: one YuE2 checkpoint in memory, micro-batches of jobs through `generate`.
+"""A worker's job runner: one YuE2 checkpoint in memory, jobs through the decoder.
 
-Jobs with equal decoding parameters share `generate` calls (length-sorted, to cut padding). If a
-call raises, its jobs are split in halves and retried, so only the job that breaks decoding fails
-and its batch-mates succeed.
+Greedy `ar`/`hybrid` jobs go through the continuous-batching engine (`engine`, fed by
+`workers.tasks`). Everything else (sampling, `hybrid_fast`, `nar`, `prompt_lookup`, a job whose
+step failed with the rest of its rows) goes through `run`: jobs with equal decoding parameters
+share `generate` calls (length-sorted, to cut padding); if a call raises, its jobs are split in
+halves and retried, so only the job that breaks decoding fails and its batch-mates succeed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import JobExecutionError
+from yue2_jobs.model.continuous import ENGINE_MODES, ContinuousBatcher, DecodeRequest, DecodeResult
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,12 @@ def checkpoint_version(directory: Path) -> str:
     return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 class ModelRunner:
     """Loads `variant`'s checkpoint once; `run` returns one output or exception per job, in order."""
 
@@ -60,8 +69,44 @@ class ModelRunner:
         self.variant = variant
         self.checkpoint = f"{variant}@{checkpoint_version(directory)}"
         self.model, self.tokenizer = load_checkpoint(directory)
+        self.device = resolve_device(settings.device)
+        self.model.to(self.device)
         self.max_batch = settings.batch_max_jobs
         self.max_input_tokens = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        self.engine: ContinuousBatcher | None = None
+        if settings.batching == "continuous":
+            self.engine = ContinuousBatcher(self.model, max_rows=settings.engine_max_rows,
+                                            max_tokens=settings.engine_max_tokens)
+
+    def continuous_ok(self, job: JobInput) -> bool:
+        """Whether the engine can decode this job (greedy ar/hybrid); the rest go through `run`."""
+        p = job.params
+        return self.engine is not None and p.get("mode") in ENGINE_MODES and not p.get("do_sample")
+
+    def tokenize(self, job: JobInput) -> list[int]:
+        return self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
+
+    def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest], dict[str, Exception]]:
+        """Engine requests for `jobs`; a job whose input cannot be tokenized fails alone."""
+        requests: list[DecodeRequest] = []
+        failed: dict[str, Exception] = {}
+        for job in jobs:
+            try:
+                requests.append(DecodeRequest(id=job, input_ids=self.tokenize(job), mode=job.params["mode"],
+                                              max_new_tokens=job.params["max_new_tokens"]))
+            except Exception as exc:
+                log.exception("job %s failed before decoding", job.id)
+                failed[job.id] = JobExecutionError(f"decoding failed: {type(exc).__name__}: {exc}")
+        return requests, failed
+
+    def output_of(self, res: DecodeResult) -> JobOutput | Exception:
+        """An engine result as the job's output (or its failure)."""
+        if res.error is not None:
+            return JobExecutionError(f"decoding failed: {type(res.error).__name__}: {res.error}")
+        assert res.stats is not None
+        text = self.tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
+        return JobOutput(text=text, input_tokens=len(res.request.input_ids), output_tokens=res.stats.tokens,
+                         decoder_steps=res.stats.decoder_steps, nar_tokens=res.stats.nar_tokens)
 
     def run(self, jobs: list[JobInput]) -> list[JobOutput | Exception]:
         results: dict[str, JobOutput | Exception] = {}
@@ -94,7 +139,7 @@ class ModelRunner:
         enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
                              padding=True, return_tensors="pt")
         res = self.model.generate(
-            enc["input_ids"], enc["attention_mask"], yue_mode=params.pop("mode"),
+            enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), yue_mode=params.pop("mode"),
             max_new_tokens=params.pop("max_new_tokens"), return_dict_in_generate=True,
             do_sample=params.pop("do_sample", False), temperature=params.pop("temperature", 1.0),
             top_k=params.pop("top_k", None) or 0, top_p=params.pop("top_p", None) or 1.0, **params)

@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from celery_batches import Batches
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from workers.metrics import WorkerMetrics
 from workers.runner import JobInput, JobOutput
 from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
@@ -47,10 +49,14 @@ class WorkerContext:
     # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
     recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
     uploader: Uploader | None = None
+    metrics: WorkerMetrics | None = None
 
     def __post_init__(self) -> None:
         if self.uploader is None:
             self.uploader = Uploader(self.settings, self.storage)
+        if self.metrics is None:
+            engine = getattr(self.runner, "engine", None)
+            self.metrics = WorkerMetrics(worker=self.name, max_rows=engine.max_rows if engine else 1)
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
@@ -107,6 +113,11 @@ def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs
             results.append(_failed(ctx, row, exc))
     with ctx.sessions() as session:
         finish_jobs(session, results)
+    assert ctx.metrics is not None
+    for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        ctx.metrics.job_done(str(status), sum(r["status"] == status for r in results))
+    ctx.metrics.tokens_done(tokens=sum(r.get("output_tokens") or 0 for r in results),
+                            nar_tokens=sum(r.get("nar_tokens") or 0 for r in results))
     with ctx.lock:
         for row in rows:
             ctx.claims.pop(row.id, None)
@@ -137,24 +148,21 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
             # they come; suspects are claimed one at a time, right before they run alone.
             size = s.batch_max_jobs
-            for group in [*(fresh[i:i + size] for i in range(0, len(fresh), size)), *([j] for j in suspects)]:
+            groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
+            if getattr(ctx.runner, "engine", None) is not None:
+                decode_s += _run_continuous(ctx, session, groups, pending, batch_ids)
+                groups = []
+            for group in [*groups, *([j] for j in suspects)]:
                 if len(group) == 1 and group[0] in suspects:
                     _wait(pending)  # a suspect may kill this process: keep what is done so far
-                rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
-                                             max_attempts=s.max_attempts)
-                if exhausted:
-                    log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
-                    batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
+                rows = _claim(ctx, session, group, batch_ids)
                 if not rows:
                     continue
-                with ctx.lock:
-                    ctx.claims.update({r.id: r.claim_token for r in rows})
                 inputs, failed = _load_inputs(ctx, rows)
                 t_decode = time.perf_counter()
                 outputs = ctx.runner.run(inputs) if inputs else []
                 decode_s += time.perf_counter() - t_decode
                 pending.append(ctx.recorder.submit(_record, ctx, rows, inputs, outputs, failed))
-                batch_ids.update(r.batch_id for r in rows)
     finally:
         _wait(pending)
     with ctx.sessions() as session:
@@ -162,6 +170,78 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             try_finalize(session, batch_id=batch_id, storage=ctx.storage)
     log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
              decode_s)
+
+
+def _claim(ctx: WorkerContext, session: Session, group: list[str], batch_ids: set[str]) -> list[Any]:
+    s = ctx.settings
+    rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
+                                 max_attempts=s.max_attempts)
+    if exhausted:
+        log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
+        batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
+    with ctx.lock:
+        ctx.claims.update({r.id: r.claim_token for r in rows})
+    batch_ids.update(r.batch_id for r in rows)
+    return rows
+
+
+def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]], pending: list[Future[None]],
+                    batch_ids: set[str]) -> float:
+    """Fresh jobs through the continuous-batching engine; returns the seconds spent decoding.
+
+    Groups are claimed as the engine's queue runs low (one row set ahead), so claims are not held
+    long before their decode; finished jobs are recorded in groups of `batch_max_jobs`, or after
+    `batch_flush_ms` when fewer finish, so latency does not wait for the slowest row.
+    """
+    runner, engine, s = ctx.runner, ctx.runner.engine, ctx.settings
+    assert ctx.metrics is not None
+    todo = deque(groups)
+    rows_by_id: dict[str, Any] = {}
+    done: list[tuple[JobInput, JobOutput | Exception]] = []
+    first_done = 0.0
+    decode_s = 0.0
+
+    def flush() -> None:
+        rows = [rows_by_id.pop(job.id) for job, _ in done]
+        pending.append(ctx.recorder.submit(_record, ctx, rows, [j for j, _ in done], [o for _, o in done], []))
+        done.clear()
+
+    while todo or engine.has_work():
+        while todo and len(engine.waiting) < engine.max_rows:
+            rows = _claim(ctx, session, todo.popleft(), batch_ids)
+            if not rows:
+                continue
+            inputs, failed = _load_inputs(ctx, rows)
+            if failed:
+                failed_ids = {f["id"] for f in failed}
+                pending.append(ctx.recorder.submit(_record, ctx, [r for r in rows if r.id in failed_ids], [], [],
+                                                   failed))
+            rows_by_id.update((r.id, r) for r in rows)
+            other = [j for j in inputs if not runner.continuous_ok(j)]
+            requests, bad = runner.requests_for([j for j in inputs if runner.continuous_ok(j)])
+            done.extend((j, bad[j.id]) for j in inputs if j.id in bad)
+            engine.submit(requests)
+            if other:
+                t0 = time.perf_counter()
+                done.extend(zip(other, runner.run(other), strict=True))
+                decode_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        results = engine.step()
+        decode_s += time.perf_counter() - t0
+        for res in results:
+            job = res.request.id
+            out = runner.run([job])[0] if res.isolate else runner.output_of(res)  # rerun alone: find the culprit
+            done.append((job, out))
+        ctx.metrics.engine_progress(engine)
+        if done and not first_done:
+            first_done = time.perf_counter()
+        if done and (len(done) >= s.batch_max_jobs or not engine.has_work()
+                     or time.perf_counter() - first_done >= s.batch_flush_ms / 1000):
+            flush()
+            first_done = 0.0
+    if done:
+        flush()
+    return decode_s
 
 
 def _ids(arg: str | list[str]) -> list[str]:

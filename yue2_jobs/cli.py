@@ -95,11 +95,35 @@ def _cmd_api(args: argparse.Namespace) -> None:
 
 
 def _cmd_worker(args: argparse.Namespace) -> None:
-    from workers.main import run_worker
-
     settings = _settings()
-    run_worker(settings, variant=args.variant or settings.default_variant, name=args.name,
-               reconcile=not args.no_reconcile)
+    variant = args.variant or settings.default_variant
+    if args.child:
+        from workers.main import run_worker
+
+        run_worker(settings, variant=variant, name=args.name, reconcile=not args.no_reconcile)
+        return
+    from workers.launcher import launch
+
+    if variant not in settings.checkpoints:
+        raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
+                         f"({sorted(settings.checkpoints)})")
+    raise SystemExit(launch(variant=variant, procs=args.procs or settings.worker_procs,
+                            metrics_port=settings.metrics_port, max_backoff_s=settings.worker_restart_max_s,
+                            ready_file=settings.worker_ready_file, dry_run=args.dry_run))
+
+
+def _cmd_flower(args: argparse.Namespace) -> None:
+    settings = _settings()
+    auth = args.basic_auth or settings.flower_basic_auth
+    if not auth or ":" not in auth:
+        raise SystemExit("yue2 flower: basic auth is required: set YUE2_FLOWER_BASIC_AUTH=user:password "
+                         "(or --basic-auth user:password)")
+    from yue2_jobs.queue import make_celery
+
+    app = make_celery(settings)
+    argv = ["flower", f"--port={args.port or settings.flower_port}", f"--address={args.address}",
+            f"--basic-auth={auth}", "--persistent=False"]
+    app.start(argv)
 
 
 def _cmd_reconcile(args: argparse.Namespace) -> None:
@@ -208,11 +232,20 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)
     p.set_defaults(func=_cmd_api)
-    p = sub.add_parser("worker", help="run a worker: one process, one variant's model")
+    p = sub.add_parser("worker", help="run the workers of a host: one process per GPU (or --procs on a CPU host), "
+                       "NUMA-bound and supervised")
     p.add_argument("--variant", default=None, help="default: YUE2_DEFAULT_VARIANT")
-    p.add_argument("--name", default=None, help="Celery node name (default variant-pid@host)")
+    p.add_argument("--procs", type=int, default=None, help="processes on a CPU-only host (YUE2_WORKER_PROCS)")
+    p.add_argument("--dry-run", action="store_true", help="print each child's CPUs, NUMA node, environment and command")
+    p.add_argument("--child", action="store_true", help="be one worker process (what the launcher starts)")
+    p.add_argument("--name", default=None, help="Celery node name of a --child (default variant-pid@host)")
     p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")
     p.set_defaults(func=_cmd_worker)
+    p = sub.add_parser("flower", help="serve Flower (Celery monitoring) with basic auth")
+    p.add_argument("--port", type=int, default=None, help="default: YUE2_FLOWER_PORT")
+    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--basic-auth", default=None, help="user:password (default: YUE2_FLOWER_BASIC_AUTH)")
+    p.set_defaults(func=_cmd_flower)
     p = sub.add_parser("reconcile", help="run the reconciler once")
     p.set_defaults(func=_cmd_reconcile)
     p = sub.add_parser("submit", help="upload a JSONL file and start a batch on it; prints the batch id")

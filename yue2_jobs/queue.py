@@ -132,4 +132,19 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
     return held
 
 
-__all__ = ["TASK_NAME", "jobs_in_broker", "make_celery", "publish", "queue_for"]
+def queue_depth(settings: Settings, variant: str) -> int:
+    """Messages waiting in a variant's queue (one message carries one to `batch_max_jobs` job ids)."""
+    if settings.broker_url.startswith("redis"):
+        import redis
+
+        client = redis.Redis.from_url(settings.broker_url)
+        try:
+            return int(client.llen(queue_for(variant)))
+        finally:
+            client.close()
+    if settings.broker_url.startswith("filesystem"):
+        return sum(1 for _ in (settings.queue_dir / "out").glob("*.msg"))
+    return 0
+
+
+__all__ = ["TASK_NAME", "jobs_in_broker", "make_celery", "publish", "queue_depth", "queue_for"]

@@ -1,7 +1,8 @@
 """A real ModelRunner that misbehaves on marked inputs, for the failure-isolation tests.
 
 `KILLME` in a job's text kills the worker process (SIGKILL, as an OOM killer would) while it
-decodes; `RAISEME` makes decoding raise for any batch holding that job.
+decodes; `RAISEME` makes decoding raise for any batch holding that job (static path), or for the
+job alone when it enters the continuous engine.
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ from typing import Any
 from workers.runner import JobInput, JobOutput, ModelRunner
 
 
+def _misbehave(jobs: list[JobInput]) -> None:
+    if any("KILLME" in j.text for j in jobs):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if any("RAISEME" in j.text for j in jobs):
+        raise RuntimeError("decoding blew up on a RAISEME input")
+
+
 class FaultyRunner(ModelRunner):
     def generate(self, jobs: list[JobInput]) -> list[JobOutput]:
-        if any("KILLME" in j.text for j in jobs):
-            os.kill(os.getpid(), signal.SIGKILL)
-        if any("RAISEME" in j.text for j in jobs):
-            raise RuntimeError("decoding blew up on a RAISEME input")
+        _misbehave(jobs)
         return super().generate(jobs)
+
+    def tokenize(self, job: JobInput) -> list[int]:
+        _misbehave([job])
+        return super().tokenize(job)
 
 
 def factory(**kwargs: Any) -> FaultyRunner:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -66,6 +66,22 @@ class Settings(BaseSettings):
     )
     worker_ready_file: Path | None = Field(None, description="A worker touches this file once it consumes tasks.")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads in a worker.")
+    device: str = Field("auto", description="A worker's torch device: `auto` (CUDA when visible), `cpu`, `cuda`.")
+    batching: Literal["continuous", "static"] = Field(
+        "continuous", description="`continuous`: greedy ar/hybrid jobs share decoder steps and refill finished "
+        "rows at once; `static`: every micro-batch decodes to its longest row (the old path)."
+    )
+    engine_max_rows: int = Field(32, ge=1, description="Most sequences decoding at once in one worker.")
+    engine_max_tokens: int | None = Field(
+        None, ge=1, description="Most tokens (input + max_new_tokens of each live row) reserved at once; "
+        "default engine_max_rows x 2 x the model's positions."
+    )
+    worker_procs: int = Field(1, ge=1, description="Worker processes on a host without GPUs (they split the cores).")
+    worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="First worker's Prometheus port (0: no endpoint); "
+                              "child i of the launcher serves metrics_port + i.")
+    flower_port: int = Field(5555, ge=1, le=65535, description="Port `yue2 flower` binds.")
+    flower_basic_auth: str | None = Field(None, description="`user:password` Flower requires (comma-separated).")
 
     # --- API
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")

@@ -1,0 +1,154 @@
+"""The launcher's plan on fake hosts (sysfs tree + GPU list), and its supervision of real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workers.launcher import ChildSpec, Supervisor, plan_children
+from workers.topology import GpuInfo, gpu_numa_node, normalize_bus_id, numa_nodes, parse_cpulist
+
+
+def fake_sysfs(root: Path, nodes: dict[int, str], devices: dict[str, int]) -> Path:
+    for node, cpulist in nodes.items():
+        d = root / "devices/system/node" / f"node{node}"
+        d.mkdir(parents=True)
+        (d / "cpulist").write_text(cpulist + "\n")
+    for bus, node in devices.items():
+        d = root / "bus/pci/devices" / bus
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text(f"{node}\n")
+    return root
+
+
+def test_parsers() -> None:
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert normalize_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+
+
+def test_two_nodes_four_gpus_each(tmp_path: Path) -> None:
+    buses = [f"0000:{b:02x}:00.0" for b in (0x1b, 0x3b, 0x5e, 0x86, 0x9a, 0xb1, 0xd8, 0xdb)]
+    sysfs = fake_sysfs(tmp_path, {0: "0-15,64-79", 1: "16-31,80-95"}, {b: (0 if i < 4 else 1) for i, b in
+                                                                         enumerate(buses)})
+    gpus = [GpuInfo(index=i, pci_bus_id=b, uuid=f"GPU-{i:04d}") for i, b in enumerate(buses)]
+    assert [gpu_numa_node(g, sysfs) for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
+    kids = plan_children(variant="base", gpus=gpus, procs=1, sysfs=sysfs, cpus=list(range(96)), host="h1",
+                         numactl="/usr/bin/numactl", metrics_port=9100)
+    assert [k.name for k in kids] == [f"gpu{i}@h1" for i in range(8)]
+    node0, node1 = [*range(0, 16), *range(64, 80)], [*range(16, 32), *range(80, 96)]
+    for i, k in enumerate(kids):
+        assert k.env["CUDA_VISIBLE_DEVICES"] == f"GPU-{i:04d}"
+        assert k.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert k.env["YUE2_DEVICE"] == "cuda"
+        assert k.env["YUE2_TORCH_THREADS"] == "8"  # 32 CPUs of the node, 4 GPUs on it
+        assert k.env["YUE2_METRICS_PORT"] == str(9100 + i)
+        assert k.numa_node == (0 if i < 4 else 1)
+        assert k.cpus == (node0 if i < 4 else node1)
+        node = k.numa_node
+        assert k.argv[:3] == ["/usr/bin/numactl", f"--cpunodebind={node}", f"--membind={node}"]
+        assert k.argv[-2:] == ["--name", f"gpu{i}@h1"] and "--child" in k.argv
+
+
+def test_one_node_host_without_numactl(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, {0: "0-7"}, {"0000:01:00.0": -1, "0000:02:00.0": 0})
+    gpus = [GpuInfo(index=0, pci_bus_id="0000:01:00.0"), GpuInfo(index=1, pci_bus_id="0000:02:00.0")]
+    kids = plan_children(variant="legal", gpus=gpus, procs=1, sysfs=sysfs, cpus=list(range(8)), host="h",
+                         numactl=None)
+    assert [k.env["CUDA_VISIBLE_DEVICES"] for k in kids] == ["0", "1"]  # no UUID known: the PCI-ordered index
+    assert kids[0].numa_node is None and kids[1].numa_node == 0  # numa_node -1: the kernel does not know
+    assert all(k.cpus == list(range(8)) for k in kids)
+    assert all(k.argv[0] == sys.executable for k in kids)  # no numactl prefix
+    assert "--variant" in kids[0].argv and "legal" in kids[0].argv
+
+
+def test_cpu_only_hosts_split_the_cores(tmp_path: Path) -> None:
+    sysfs = fake_sysfs(tmp_path, {0: "0-7", 1: "8-15"}, {})
+    kids = plan_children(variant="base", gpus=[], procs=4, sysfs=sysfs, cpus=list(range(16)), host="c",
+                         numactl="/usr/bin/numactl")
+    assert [k.name for k in kids] == ["cpu0@c", "cpu1@c", "cpu2@c", "cpu3@c"]
+    assert [k.cpus for k in kids] == [[0, 1, 2, 3], [8, 9, 10, 11], [4, 5, 6, 7], [12, 13, 14, 15]]
+    assert [k.numa_node for k in kids] == [0, 1, 0, 1]
+    assert all(k.env["CUDA_VISIBLE_DEVICES"] == "" and k.env["YUE2_TORCH_THREADS"] == "4" for k in kids)
+    # No NUMA directories at all (a container): the allowed CPUs are split, nothing is bound.
+    bare = plan_children(variant="base", gpus=[], procs=3, sysfs=tmp_path / "none", cpus=[0, 1, 2, 3, 4], host="c",
+                         numactl="/usr/bin/numactl")
+    assert [k.cpus for k in bare] == [[0, 1], [2, 3], [4]]
+    assert all(k.numa_node is None and k.argv[0] == sys.executable for k in bare)
+    assert numa_nodes(tmp_path / "none") == {}
+
+
+PROBE = ("import json, os, sys, time; print(json.dumps({'name': sys.argv[-1], 'pid': os.getpid(), "
+         "'cpus': sorted(os.sched_getaffinity(0)), 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+         "'threads': os.environ.get('OMP_NUM_THREADS')}), flush=True); time.sleep(600)")
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
+def _wait_for(cond, timeout: float = 30.0, what: str = "") -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple[subprocess.Popen, Path]:
+    """The supervisor in its own process (as `yue2 worker` runs it), children printing what they got."""
+    out = tmp_path / "children.log"
+    script = tmp_path / "sup.py"
+    script.write_text(
+        "import json, signal, sys\n"
+        "from workers.launcher import ChildSpec, Supervisor\n"
+        f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
+        f"sup = Supervisor(kids, **{kw!r})\n"
+        "signal.signal(signal.SIGTERM, sup.request_stop)\n"
+        "sys.exit(sup.run())\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                            cwd=Path(__file__).resolve().parents[2])
+    return proc, out
+
+
+def test_children_get_their_affinity_and_environment_and_crashes_restart_with_backoff(tmp_path: Path) -> None:
+    cpus = sorted(os.sched_getaffinity(0))
+    kids = plan_children(variant="base", gpus=[], procs=2, sysfs=tmp_path / "none", cpus=cpus, host="t",
+                         numactl=None, child_argv=[sys.executable, "-c", PROBE])
+    proc, out = _run_supervisor(tmp_path, kids, max_backoff_s=1.0)
+    try:
+        _wait_for(lambda: len(_records(out)) >= 2, what="both children")
+        first = {r["name"]: r for r in _records(out)}
+        for k in kids:
+            got = first[k.name]
+            assert got["cpus"] == k.cpus, (got, k.cpus)  # sched_setaffinity took effect in the child
+            assert got["cuda"] == "" and got["threads"] == str(len(k.cpus))
+        # Crash one child: it comes back (new pid, same CPUs) after its backoff; the other is untouched.
+        os.kill(first["cpu0@t"]["pid"], signal.SIGKILL)
+        _wait_for(lambda: len(_records(out)) >= 3, what="the restart")
+        again = _records(out)[2]
+        assert again["name"] == "cpu0@t" and again["pid"] != first["cpu0@t"]["pid"]
+        assert again["cpus"] == first["cpu0@t"]["cpus"]
+        assert "cpu0@t exited with -9; restarting in 1.0s" in out.read_text()
+        os.kill(first["cpu1@t"]["pid"], 0)  # still alive
+        # SIGTERM: children are stopped and the supervisor exits; none is restarted.
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        assert len(_records(out)) == 3
+        for pid in (again["pid"], first["cpu1@t"]["pid"]):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_backoff_doubles_up_to_the_cap() -> None:
+    sup = Supervisor([], max_backoff_s=10.0)
+    assert [sup.backoff(n) for n in range(1, 7)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]

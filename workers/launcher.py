@@ -1,0 +1,224 @@
+"""`yue2 worker`: one Celery worker process per GPU, each bound to its GPU's NUMA node, supervised.
+
+`plan_children` turns a host (GPUs, NUMA nodes, usable CPUs) into child specs:
+
+- a GPU host: child i sees only GPU i (`CUDA_VISIBLE_DEVICES`, by UUID when NVML gives one, with
+  `CUDA_DEVICE_ORDER=PCI_BUS_ID`), runs on the CPUs of that GPU's NUMA node, has its memory
+  bound there by `numactl --cpunodebind --membind` when numactl is installed (the launcher logs
+  that memory is not bound when it is not), and is named `gpu<i>@<host>`;
+- a CPU-only host: `procs` children named `cpu<i>@<host>`, spread over the NUMA nodes and
+  splitting each node's CPUs between them, torch threads = their CPU count.
+
+`Supervisor` starts the children, restarts one that dies with exponential backoff (reset after
+it stays up), and turns SIGTERM/SIGINT into a warm shutdown: each child gets SIGTERM, finishes
+and acks its current micro-batch (Celery's warm shutdown; unstarted deliveries go back to
+Redis), and exits; the launcher exits when all have.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.topology import GpuInfo, gpu_numa_node, numa_nodes, usable_cpus
+
+log = logging.getLogger("yue2.launcher")
+STABLE_S = 60.0  # a child up this long has its restart backoff reset
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ChildSpec:
+    """One worker process: its node name, environment additions, CPUs, NUMA node, command."""
+
+    name: str
+    env: dict[str, str]
+    cpus: list[int]
+    numa_node: int | None
+    argv: list[str]
+
+
+def _split(cpus: list[int], parts: int) -> list[list[int]]:
+    """`cpus` in `parts` contiguous, near-equal chunks (a chunk never empty: CPUs are reused when short)."""
+    if parts <= len(cpus):
+        size, extra = divmod(len(cpus), parts)
+        out, start = [], 0
+        for i in range(parts):
+            end = start + size + (i < extra)
+            out.append(cpus[start:end])
+            start = end
+        return out
+    return [[cpus[i % len(cpus)]] for i in range(parts)]
+
+
+def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path = Path("/sys"),
+                  cpus: list[int] | None = None, host: str | None = None, numactl: str | None = None,
+                  child_argv: list[str] | None = None, metrics_port: int = 0,
+                  ready_file: Path | None = None) -> list[ChildSpec]:
+    """The children for this host. `numactl`: its path, or None when it is not installed."""
+    host = host or socket.gethostname()
+    allowed = set(cpus if cpus is not None else usable_cpus())
+    nodes = {n: [c for c in cs if c in allowed] for n, cs in numa_nodes(sysfs).items()}
+    nodes = {n: cs for n, cs in nodes.items() if cs}
+    argv = child_argv or [sys.executable, "-m", "yue2_jobs", "worker", "--child", "--variant", variant]
+    placements: list[tuple[str, list[int], int | None, dict[str, str]]] = []
+    if gpus:
+        for i, gpu in enumerate(gpus):
+            node = gpu_numa_node(gpu, sysfs)
+            node_cpus = nodes.get(node, sorted(allowed)) if node is not None else sorted(allowed)
+            per_node = sum(1 for g in gpus if gpu_numa_node(g, sysfs) == node) or 1
+            env = {"CUDA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                   "YUE2_DEVICE": "cuda", "YUE2_TORCH_THREADS": str(max(1, len(node_cpus) // per_node))}
+            placements.append((f"gpu{i}@{host}", node_cpus, node if node in nodes else None, env))
+    else:
+        order = sorted(nodes) or [None]
+        assigned: dict[int | None, list[int]] = {n: [] for n in order}
+        for i in range(procs):
+            assigned[order[i % len(order)]].append(i)
+        slots: dict[int, tuple[list[int], int | None]] = {}
+        for node, children in assigned.items():
+            if children:
+                pool = nodes[node] if node is not None else sorted(allowed)
+                for child, chunk in zip(children, _split(pool, len(children)), strict=True):
+                    slots[child] = (chunk, node)
+        for i in range(procs):
+            chunk, node = slots[i]
+            env = {"CUDA_VISIBLE_DEVICES": "", "YUE2_DEVICE": "cpu", "YUE2_TORCH_THREADS": str(len(chunk))}
+            placements.append((f"cpu{i}@{host}", chunk, node, env))
+    children = []
+    for i, (name, chunk, node, env) in enumerate(placements):
+        env = {**env, "OMP_NUM_THREADS": env["YUE2_TORCH_THREADS"]}
+        if metrics_port:
+            env["YUE2_METRICS_PORT"] = str(metrics_port + i)
+        if ready_file is not None:
+            env["YUE2_WORKER_READY_FILE"] = str(ready_file.with_name(f"{ready_file.name}.{i}"))
+        prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}"] if numactl and node is not None else []
+        children.append(ChildSpec(name=name, env=env, cpus=chunk, numa_node=node, argv=[*prefix, *argv, "--name",
+                                                                                        name]))
+    return children
+
+
+def _child_setup(cpus: list[int]) -> Callable[[], None]:
+    def setup() -> None:  # runs in the child between fork and exec
+        try:  # die with the launcher, even when it is SIGKILLed
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except OSError:
+            pass
+        os.sched_setaffinity(0, cpus)
+
+    return setup
+
+
+@dataclass
+class _Running:
+    spec: ChildSpec
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    failures: int = 0
+    restart_at: float | None = None
+    restarts: int = 0
+
+
+@dataclass
+class Supervisor:
+    """Runs `children` until a warm shutdown; restarts crashed ones with backoff."""
+
+    children: list[ChildSpec]
+    max_backoff_s: float = 60.0
+    ready_file: Path | None = None
+    poll_s: float = 0.2
+    stop: threading.Event = field(default_factory=threading.Event)
+    state: list[_Running] = field(default_factory=list)
+
+    def backoff(self, failures: int) -> float:
+        return min(self.max_backoff_s, 2.0 ** (failures - 1))
+
+    def _start(self, run: _Running) -> None:
+        env = {**os.environ, **run.spec.env}
+        run.proc = subprocess.Popen(run.spec.argv, env=env, preexec_fn=_child_setup(run.spec.cpus))
+        run.started = time.monotonic()
+        run.restart_at = None
+        log.info("started %s (pid %d) on CPUs %s%s", run.spec.name, run.proc.pid, _cpus_text(run.spec.cpus),
+                 "" if run.spec.numa_node is None else f", NUMA node {run.spec.numa_node}")
+
+    def request_stop(self, *_: object) -> None:
+        self.stop.set()
+
+    def run(self) -> int:
+        self.state = [_Running(spec) for spec in self.children]
+        for run in self.state:
+            self._start(run)
+        ready_written = False
+        while not self.stop.wait(self.poll_s):
+            now = time.monotonic()
+            for run in self.state:
+                if run.proc is not None and run.proc.poll() is not None:
+                    code = run.proc.returncode
+                    run.failures = 1 if now - run.started >= STABLE_S else run.failures + 1
+                    delay = self.backoff(run.failures)
+                    log.warning("%s exited with %s; restarting in %.1fs", run.spec.name, code, delay)
+                    run.proc, run.restart_at = None, now + delay
+                if run.proc is None and run.restart_at is not None and now >= run.restart_at:
+                    run.restarts += 1
+                    self._start(run)
+            if not ready_written and self.ready_file is not None:
+                ready_written = self._write_ready()
+        return self._shutdown()
+
+    def _write_ready(self) -> bool:
+        assert self.ready_file is not None
+        files = [self.ready_file.with_name(f"{self.ready_file.name}.{i}") for i in range(len(self.children))]
+        if not all(f.exists() for f in files):
+            return False
+        self.ready_file.write_text(",".join(f.read_text() for f in files))
+        return True
+
+    def _shutdown(self) -> int:
+        live = [r for r in self.state if r.proc is not None and r.proc.poll() is None]
+        log.info("warm shutdown: %d worker(s) finish their current batch", len(live))
+        for run in live:
+            assert run.proc is not None
+            run.proc.send_signal(signal.SIGTERM)
+        code = 0
+        for run in live:
+            assert run.proc is not None
+            code = code or run.proc.wait()
+        return code
+
+
+def _cpus_text(cpus: list[int]) -> str:
+    return ",".join(map(str, cpus)) if len(cpus) <= 8 else f"{cpus[0]}-{cpus[-1]} ({len(cpus)})"
+
+
+def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float, ready_file: Path | None,
+           dry_run: bool = False, gpus: list[GpuInfo] | None = None) -> int:
+    from workers.topology import discover_gpus
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    gpus = discover_gpus() if gpus is None else gpus
+    numactl = shutil.which("numactl")
+    children = plan_children(variant=variant, gpus=gpus, procs=procs, numactl=numactl, metrics_port=metrics_port,
+                             ready_file=ready_file)
+    if dry_run:
+        print(json.dumps([c.__dict__ for c in children], indent=2))
+        return 0
+    if numactl is None and any(c.numa_node is not None for c in children):
+        log.warning("numactl is not installed: CPU affinity is set, but memory is not bound to the NUMA node")
+    log.info("%d GPU(s); starting %d worker process(es) for %s", len(gpus), len(children), variant)
+    sup = Supervisor(children, max_backoff_s=max_backoff_s, ready_file=ready_file)
+    signal.signal(signal.SIGTERM, sup.request_stop)
+    signal.signal(signal.SIGINT, sup.request_stop)
+    return sup.run()

@@ -1,0 +1,446 @@
+"""Continuous batching: in-flight sequences share decoder steps, and a finished row's slot is
+refilled from the waiting queue at the next step instead of idling until the batch's longest
+row is done (Orca-style iteration-level scheduling).
+
+`ContinuousBatcher` owns a working set of rows (slots). Each `step()`:
+
+1. admits waiting requests into free slots (encoder pass for the newcomers only; their
+   cross-attention K/V are written into the slot, the self-attention cache needs no reset
+   because a query never sees a position past its own), within `max_rows` rows and
+   `max_tokens` reserved tokens (each request reserves its own input length plus its own
+   `max_new_tokens`: admission is length-aware, and in FIFO order so nothing starves);
+2. runs one draft-and-verify decoder step over every live row (`hybrid` rows verify NAR
+   drafts, `ar` rows feed one token: both modes share a step), exactly the greedy rule of
+   `speculative.py`, with per-row length limits;
+3. returns the requests that finished.
+
+Greedy decoding only (sampled jobs and the other modes keep the static path). Out of memory
+on a step preempts the newest half of the rows back to the queue and retries with a lower row
+cap, so no job fails for its neighbours; a lone row that still does not fit fails alone. Any
+other exception in a step hands the live rows back marked `isolate`, for the caller to rerun
+one at a time.
+
+`policy="static"` admits only into an empty working set: static micro-batching with the same
+kernels, the baseline `make bench` compares against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB, first_true, forced_tokens, leading_run
+from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
+from yue2_jobs.model.stats import SequenceStats
+
+ENGINE_MODES = ("ar", "hybrid")
+ROW_FIELDS = ("buf", "committed", "cached", "finished", "total", "min_total", "draft_on", "accept_p", "drafts",
+              "n_drafts", "steps", "nar", "ar", "drafted", "seq")
+RECOVER_EVERY = 64  # clean steps before an out-of-memory row cap is raised by one again
+
+
+@dataclass
+class DecodeRequest:
+    """One sequence to decode. `input_ids`: the encoder input, no padding. `min_new_tokens`:
+    EOS is not chosen before this many tokens (the last allowed token is always EOS)."""
+
+    id: Any
+    input_ids: list[int]
+    max_new_tokens: int
+    mode: str = "hybrid"
+    min_new_tokens: int = 0
+    min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB
+
+
+@dataclass
+class DecodeResult:
+    """`tokens`: generated ids (EOS included, start token not). `error` set: the request failed;
+    `isolate`: it failed with its whole step, so the culprit is unknown (rerun it alone)."""
+
+    request: DecodeRequest
+    tokens: list[int] = field(default_factory=list)
+    stats: SequenceStats | None = None
+    error: BaseException | None = None
+    isolate: bool = False
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters for metrics: steps, row-slots used per step, tokens, drafts."""
+
+    steps: int = 0
+    live_rows: int = 0  # summed over steps: live_rows / steps is the mean occupancy
+    slot_rows: int = 0  # rows computed (live + idle slots), summed over steps
+    tokens: int = 0
+    nar_tokens: int = 0
+    drafted: int = 0
+    preempted: int = 0
+    oom_events: int = 0
+    occupancy: list[int] = field(default_factory=list)  # live rows of each step since the last drain
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+class ContinuousBatcher:
+    """Iteration-level scheduler and decode loop over one model (see the module docstring)."""
+
+    def __init__(self, model: Yue2ForConditionalGeneration, *, max_rows: int = 32, max_tokens: int | None = None,
+                 policy: Literal["continuous", "static"] = "continuous") -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        if policy not in ("continuous", "static"):
+            raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
+        cfg = model.config
+        self.model, self.policy, self.max_rows = model, policy, max_rows
+        self.limit = cfg.max_position_embeddings - 1  # most new tokens a row may ask for
+        self.max_tokens = max_tokens if max_tokens is not None else max_rows * (cfg.max_position_embeddings * 2)
+        self.k = cfg.nar_block_size
+        self.t_buf = 1 + self.limit + 2 * self.k + 2
+        self.t_cache = 1 + self.limit + self.k + 1
+        self.device = model.shared.weight.device
+        self.waiting: deque[DecodeRequest] = deque()
+        self.rejected: list[DecodeResult] = []
+        self.rows: list[DecodeRequest | None] = []
+        self.row_cap = max_rows
+        self.clean_steps = 0
+        self.counters = EngineCounters()
+        self._seq = itertools.count()
+        self._clear()
+
+    # ---- public -------------------------------------------------------------------------------
+
+    def submit(self, requests: list[DecodeRequest]) -> None:
+        """Queue requests; an invalid one comes back failed from the next `step`, alone."""
+        for req in requests:
+            problem = self._check(req)
+            if problem:
+                self.rejected.append(DecodeResult(request=req, error=ValueError(problem)))
+            else:
+                self.waiting.append(req)
+
+    @property
+    def live(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.rejected or self.live)
+
+    @torch.inference_mode()
+    def step(self) -> list[DecodeResult]:
+        """Admit, decode one step, return what finished (possibly nothing)."""
+        done, self.rejected = self.rejected, []
+        done += self._admit()
+        if not self.live:
+            return done
+        while True:
+            try:
+                self._decode_step()
+                break
+            except Exception as exc:
+                if not is_out_of_memory(exc):
+                    done += self._evict_all(exc)
+                    return done
+                done += self._shed(exc)
+                if not self.live:
+                    return done
+        self.clean_steps += 1
+        if self.clean_steps % RECOVER_EVERY == 0 and self.row_cap < self.max_rows:
+            self.row_cap += 1
+        done += self._collect()
+        return done
+
+    def run(self, requests: list[DecodeRequest]) -> list[DecodeResult]:
+        """Decode `requests` to the end; results in request order."""
+        self.submit(requests)
+        by_id: dict[int, DecodeResult] = {}
+        while self.has_work():
+            for res in self.step():
+                by_id[id(res.request)] = res
+        return [by_id[id(r)] for r in requests]
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def _check(self, req: DecodeRequest) -> str | None:
+        n_pos = self.model.config.max_position_embeddings
+        if req.mode not in ENGINE_MODES:
+            return f"mode must be one of {ENGINE_MODES} for continuous batching, got {req.mode!r}"
+        if not 1 <= req.max_new_tokens <= self.limit:
+            return f"max_new_tokens must be between 1 and {self.limit}, got {req.max_new_tokens}"
+        if not 0 <= req.min_new_tokens <= req.max_new_tokens:
+            return (f"min_new_tokens must be between 0 and max_new_tokens ({req.max_new_tokens}), "
+                    f"got {req.min_new_tokens}")
+        if not 1 <= len(req.input_ids) <= n_pos:
+            return f"input must have 1 to {n_pos} tokens, got {len(req.input_ids)}"
+        return None
+
+    @staticmethod
+    def _reserve(req: DecodeRequest) -> int:
+        return len(req.input_ids) + 1 + req.max_new_tokens
+
+    def _admit(self) -> list[DecodeResult]:
+        if not self.waiting or (self.policy == "static" and self.live):
+            return []
+        free = [i for i, r in enumerate(self.rows) if r is None]
+        room = len(free) + max(0, min(self.max_rows, self.row_cap) - len(self.rows))
+        budget = self.max_tokens - sum(self._reserve(r) for r in self.rows if r is not None)
+        take: list[DecodeRequest] = []
+        while self.waiting and len(take) < room:
+            need = self._reserve(self.waiting[0])
+            if need > budget and (take or self.live):
+                break  # FIFO: the head waits for room rather than being overtaken
+            take.append(self.waiting.popleft())
+            budget -= need
+        while take:
+            try:
+                self._place(take, free)
+                return []
+            except Exception as exc:
+                if not is_out_of_memory(exc) and len(take) == 1:
+                    return [DecodeResult(request=take[0], error=exc)]
+                if len(take) == 1:  # does not fit even alone, next to the live rows
+                    if self.live:
+                        self.waiting.appendleft(take[0])
+                        return []
+                    return [DecodeResult(request=take[0], error=exc)]
+                half = len(take) // 2  # find the bad input, or admit what fits
+                self.waiting.extendleft(reversed(take[half:]))
+                take = take[:half]
+        return []
+
+    def _place(self, take: list[DecodeRequest], free: list[int]) -> None:
+        """Encode `take` and write it into free slots, growing the working set as needed."""
+        pad = self.model.config.pad_token_id
+        s_new = max(len(r.input_ids) for r in take)
+        ids = torch.full((len(take), s_new), pad, dtype=torch.long, device=self.device)  # (N, S)
+        mask = torch.zeros_like(ids, dtype=torch.bool)
+        for i, r in enumerate(take):
+            ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
+            mask[i, : len(r.input_ids)] = True
+        enc = self.model.encode(ids, mask)
+        new_mask = torch.zeros(mask.shape, dtype=enc.hidden.dtype, device=self.device)
+        new_mask = new_mask.masked_fill(~mask, float("-inf"))[:, None, None, :]  # (N, 1, 1, S)
+        s_cur = self.enc_mask.shape[-1]
+        if s_new > s_cur:
+            self._pad_source(s_new)
+        kvs = [*enc.cross_kv, *enc.nar_cross_kv]
+        if s_new < self.enc_mask.shape[-1]:
+            extra = self.enc_mask.shape[-1] - s_new
+            new_mask = torch.nn.functional.pad(new_mask, (0, extra), value=float("-inf"))
+            kvs = [(torch.nn.functional.pad(k, (0, 0, 0, extra)), torch.nn.functional.pad(v, (0, 0, 0, extra)))
+                   for k, v in kvs]
+        slots = free[: len(take)]
+        grow = len(take) - len(slots)
+        if grow:
+            slots += list(range(len(self.rows), len(self.rows) + grow))
+            self._grow(grow)
+        idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self.enc_mask[idx] = new_mask
+        for (k_all, v_all), (k, v) in zip(self.kv, kvs, strict=True):
+            k_all[idx], v_all[idx] = k, v
+        t = self.t
+        t["buf"][idx] = pad
+        t["buf"][idx, 0] = self.model.config.decoder_start_token_id
+        for name, value in (("committed", 1), ("cached", 0), ("finished", False), ("n_drafts", 0), ("steps", 0),
+                            ("nar", 0), ("ar", 0), ("drafted", 0)):
+            t[name][idx] = value
+        t["total"][idx] = torch.tensor([1 + r.max_new_tokens for r in take], device=self.device)
+        t["min_total"][idx] = torch.tensor([1 + r.min_new_tokens for r in take], device=self.device)
+        t["draft_on"][idx] = torch.tensor([r.mode == "hybrid" for r in take], device=self.device)
+        t["accept_p"][idx] = torch.tensor([r.min_accept_prob for r in take], device=self.device)
+        t["seq"][idx] = torch.tensor([next(self._seq) for _ in take], device=self.device)
+        for slot, r in zip(slots, take, strict=True):
+            self.rows[slot] = r
+
+    # ---- working-set storage --------------------------------------------------------------------
+
+    def _clear(self) -> None:
+        cfg, dev = self.model.config, self.device
+        dtype = self.model.shared.weight.dtype
+        h = cfg.decoder_attention_heads
+        d = cfg.d_model // h
+        self.rows = []
+        self.t: dict[str, torch.Tensor] = {
+            "buf": torch.empty(0, self.t_buf, dtype=torch.long, device=dev),
+            "drafts": torch.empty(0, self.k, dtype=torch.long, device=dev),
+            "finished": torch.empty(0, dtype=torch.bool, device=dev),
+            "draft_on": torch.empty(0, dtype=torch.bool, device=dev),
+            "accept_p": torch.empty(0, dtype=torch.float, device=dev),
+        }
+        for name in ROW_FIELDS:
+            self.t.setdefault(name, torch.empty(0, dtype=torch.long, device=dev))
+        self.caches = self.model.new_caches(batch_size=0, max_len=self.t_cache)
+        n_kv = cfg.decoder_layers + cfg.nar_layers
+        self.kv = [(torch.empty(0, h, 0, d, dtype=dtype, device=dev), torch.empty(0, h, 0, d, dtype=dtype, device=dev))
+                   for _ in range(n_kv)]
+        self.enc_mask = torch.empty(0, 1, 1, 0, dtype=dtype, device=dev)
+        self.counters.occupancy = []
+
+    def _grow(self, n: int) -> None:
+        """Append n idle rows to every per-row tensor."""
+        def more(x: torch.Tensor, fill: float | int | bool = 0) -> torch.Tensor:
+            return torch.cat([x, x.new_full((n, *x.shape[1:]), fill)])
+
+        for name, x in self.t.items():
+            self.t[name] = more(x, True if name == "finished" else 0)
+        for cache in self.caches:
+            cache.k, cache.v = more(cache.k), more(cache.v)
+        self.kv = [(more(k), more(v)) for k, v in self.kv]
+        self.enc_mask = more(self.enc_mask, float("-inf"))
+        self.rows += [None] * n
+
+    def _pad_source(self, s: int) -> None:
+        """Widen the encoder-side tensors to s source positions (masked)."""
+        extra = s - self.enc_mask.shape[-1]
+        pad = torch.nn.functional.pad
+        self.kv = [(pad(k, (0, 0, 0, extra)), pad(v, (0, 0, 0, extra))) for k, v in self.kv]
+        self.enc_mask = pad(self.enc_mask, (0, extra), value=float("-inf"))
+
+    def _keep(self, keep: list[int]) -> None:
+        """Compact the working set to the rows `keep`, in that order."""
+        if not keep:
+            self._clear()
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for name, x in self.t.items():
+            self.t[name] = x.index_select(0, idx)
+        for cache in self.caches:
+            cache.select(idx)
+        self.kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
+        self.enc_mask = self.enc_mask.index_select(0, idx)
+        self.rows = [self.rows[i] for i in keep]
+
+    def _encoder_state(self) -> Yue2EncoderState:
+        n_ar = self.model.config.decoder_layers
+        return Yue2EncoderState(hidden=self.enc_mask, mask=self.enc_mask, cross_kv=self.kv[:n_ar],
+                                nar_cross_kv=self.kv[n_ar:])
+
+    # ---- the decoder step ------------------------------------------------------------------------
+
+    def _decode_step(self) -> None:
+        """One draft-and-verify step over every row; state is only written once nothing can fail."""
+        model, t, k = self.model, self.t, self.k
+        cfg, gen = model.config, model.generation_config
+        eos, pad = cfg.eos_token_id, cfg.pad_token_id
+        layout = model.step_layout()
+        enc = self._encoder_state()
+        committed, cached, finished, n_drafts, drafts, total = (t["committed"], t["cached"], t["finished"],
+                                                                 t["n_drafts"], t["drafts"], t["total"])
+        ar = torch.arange(k + 1, device=self.device)
+        n_in = (committed - cached).clamp(min=1)  # (A,)
+        width, j, reach = torch.stack([(n_in + n_drafts).max(), n_drafts.max() + 1, cached.max()]).tolist()
+        slot = torch.arange(width, device=self.device)  # (W,)
+        positions = cached[:, None] + slot  # (A, W)
+        d_idx = slot - n_in[:, None]
+        is_draft = (d_idx >= 0) & (d_idx < n_drafts[:, None])
+        tokens = torch.where(is_draft, drafts.gather(1, d_idx.clamp(0, k - 1)), t["buf"].gather(1, positions))
+        hidden = model.decode_block(tokens, enc, caches=self.caches, positions=positions, layout=layout,
+                                    span=reach + width)  # (A, W, C)
+        pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J)
+        h = hidden.gather(1, pred_slot[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (A, J, C)
+        logits = layout.lm_logits(h.reshape(-1, h.shape[-1])).view(h.shape[0], j, -1)  # (A, J, V)
+        target = committed[:, None] + ar[:j]  # (A, J): the position each prediction fills
+        banned = target < t["min_total"][:, None]
+        logits[:, :, eos] = torch.where(banned, float("-inf"), logits[:, :, eos])
+        forced = forced_tokens(target, total[:, None], gen)
+        pred = torch.where(forced >= 0, forced, logits.argmax(-1))  # (A, J)
+        act_drafts = drafts[:, : j - 1]
+        in_range = ar[: j - 1] < n_drafts[:, None]
+        n_acc = leading_run((act_drafts == pred[:, : j - 1]) & in_range)  # (A,)
+        bonus = pred.gather(1, n_acc[:, None]).squeeze(1)  # (A,)
+        new = torch.where(ar[: j - 1] < n_acc[:, None], act_drafts, pad)
+        new = torch.cat([new, new.new_zeros(new.shape[0], 1)], 1).scatter_(1, n_acc[:, None], bonus[:, None])
+        first_eos = first_true(new == eos)
+        room = total - committed
+        count = torch.minimum(torch.minimum(n_acc + 1, first_eos + 1), room)
+        done = (first_eos < count) | (count >= room)
+        stepped = ~finished
+        count = count * stepped
+        from_nar = torch.minimum(n_acc, count)
+        new_committed = committed + count
+        new_finished = finished | (done & stepped)
+        # Next drafts, from the hidden state that predicted the bonus token.
+        live_draft = ~new_finished & t["draft_on"]
+        new_n_drafts = torch.zeros_like(n_drafts)
+        new_drafts = drafts
+        if bool(live_draft.any()):
+            src = n_in - 1 + from_nar
+            h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (A, C)
+            d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V), (A, K)
+            new_drafts = d_logits.argmax(-1)
+            n_verify = leading_run(conf.sigmoid().cumprod(1) >= t["accept_p"][:, None])
+            new_n_drafts = torch.minimum(n_verify, total - new_committed) * live_draft
+        # Commit.
+        t["buf"].scatter_(1, committed[:, None] + ar[:j], new)
+        t["cached"] = torch.where(stepped, cached + n_in + from_nar, cached)
+        t["committed"], t["finished"] = new_committed, new_finished
+        t["drafts"], t["n_drafts"] = new_drafts, new_n_drafts
+        t["steps"] = t["steps"] + stepped
+        t["nar"] = t["nar"] + from_nar
+        t["ar"] = t["ar"] + (count - from_nar)
+        t["drafted"] = t["drafted"] + n_drafts * stepped
+        c = self.counters
+        live = self.live
+        c.steps += 1
+        c.live_rows += live
+        c.slot_rows += len(self.rows)
+        c.occupancy.append(live)
+
+    def _collect(self) -> list[DecodeResult]:
+        """Hand back finished rows and free their slots; compact when refilling cannot use them."""
+        t = self.t
+        fin = t["finished"].tolist()
+        ended = [i for i, (r, f) in enumerate(zip(self.rows, fin, strict=True)) if f and r is not None]
+        results: list[DecodeResult] = []
+        if ended:
+            idx = torch.tensor(ended, dtype=torch.long, device=self.device)
+            lens = t["committed"][idx].tolist()
+            rows = t["buf"][idx].tolist()
+            stats = torch.stack([t[n][idx] for n in ("steps", "nar", "ar", "drafted")], 1).tolist()
+            c = self.counters
+            for i, n, toks, (steps, nar, ar_, drafted) in zip(ended, lens, rows, stats, strict=True):
+                req = self.rows[i]
+                assert req is not None
+                self.rows[i] = None
+                c.tokens += nar + ar_
+                c.nar_tokens += nar
+                c.drafted += drafted
+                results.append(DecodeResult(request=req, tokens=toks[1:n],
+                                            stats=SequenceStats(decoder_steps=steps, nar_tokens=nar, ar_tokens=ar_)))
+        idle = len(self.rows) - self.live
+        refill = self.waiting and (self.policy == "continuous" or not self.live)
+        if idle and (not self.live or (not refill and 4 * idle >= len(self.rows))):
+            self._keep([i for i, r in enumerate(self.rows) if r is not None])
+        return results
+
+    # ---- failures ------------------------------------------------------------------------------------
+
+    def _shed(self, exc: BaseException) -> list[DecodeResult]:
+        """Out of memory on a step: requeue the newest half of the live rows (their progress is
+        recomputed later) and cap the row count; a lone row fails alone."""
+        self.counters.oom_events += 1
+        live = [i for i, r in enumerate(self.rows) if r is not None]
+        if len(live) == 1:
+            req = self.rows[live[0]]
+            assert req is not None
+            self._clear()
+            return [DecodeResult(request=req, error=exc)]
+        seq = self.t["seq"].tolist()
+        live.sort(key=lambda i: seq[i])
+        keep, back = live[: len(live) // 2], live[len(live) // 2:]
+        self.waiting.extendleft(reversed([self.rows[i] for i in back]))  # type: ignore[misc]
+        self.counters.preempted += len(back)
+        self.row_cap = len(keep)
+        self.clean_steps = 0
+        self._keep(sorted(keep))
+        return []
+
+    def _evict_all(self, exc: BaseException) -> list[DecodeResult]:
+        out = [DecodeResult(request=r, error=exc, isolate=True) for r in self.rows if r is not None]
+        self._clear()
+        return out
