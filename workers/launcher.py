@@ -66,8 +66,9 @@ def _split(cpus: list[int], parts: int) -> list[list[int]]:
 def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path = Path("/sys"),
                   cpus: list[int] | None = None, host: str | None = None, numactl: str | None = None,
                   child_argv: list[str] | None = None, metrics_port: int = 0,
-                  ready_file: Path | None = None) -> list[ChildSpec]:
-    """The children for this host. `numactl`: its path, or None when it is not installed."""
+                  ready_file: Path | None = None, torch_threads: int | None = None) -> list[ChildSpec]:
+    """The children for this host. `numactl`: its path, or None when it is not installed.
+    `torch_threads`: a fixed thread count per child (default: its share of the CPUs)."""
     host = host or socket.gethostname()
     allowed = set(cpus if cpus is not None else usable_cpus())
     nodes = {n: [c for c in cs if c in allowed] for n, cs in numa_nodes(sysfs).items()}
@@ -99,6 +100,8 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
             placements.append((f"cpu{i}@{host}", chunk, node, env))
     children = []
     for i, (name, chunk, node, env) in enumerate(placements):
+        if torch_threads:
+            env["YUE2_TORCH_THREADS"] = str(torch_threads)
         env = {**env, "OMP_NUM_THREADS": env["YUE2_TORCH_THREADS"]}
         if metrics_port:
             env["YUE2_METRICS_PORT"] = str(metrics_port + i)
@@ -203,7 +206,7 @@ def _cpus_text(cpus: list[int]) -> str:
 
 
 def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float, ready_file: Path | None,
-           dry_run: bool = False, gpus: list[GpuInfo] | None = None) -> int:
+           torch_threads: int | None = None, dry_run: bool = False, gpus: list[GpuInfo] | None = None) -> int:
     from workers.topology import discover_gpus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -211,7 +214,7 @@ def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float,
     gpus = discover_gpus() if gpus is None else gpus
     numactl = shutil.which("numactl")
     children = plan_children(variant=variant, gpus=gpus, procs=procs, numactl=numactl, metrics_port=metrics_port,
-                             ready_file=ready_file)
+                             ready_file=ready_file, torch_threads=torch_threads)
     if dry_run:
         print(json.dumps([c.__dict__ for c in children], indent=2))
         return 0

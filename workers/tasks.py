@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from celery import Celery
+from celery.worker import state as worker_state
 from celery_batches import Batches
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -244,6 +245,28 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
     return decode_s
 
 
+def _announce(app: Celery, node: str, requests: list[Any], *, started: bool, runtime: float = 0.0,
+              error: BaseException | None = None) -> None:
+    """Task events and the worker's task counter for a micro-batch: celery-batches runs its
+    requests outside Celery's request path, so without this Flower would see neither."""
+    try:
+        with app.events.default_dispatcher(hostname=node) as events:
+            for r in requests:
+                if started:
+                    events.send("task-received", uuid=r.id, name=TASK_NAME, args=repr(r.args)[:200], kwargs="{}",
+                                retries=0, eta=None, root_id=r.id, parent_id=None)
+                    events.send("task-started", uuid=r.id)
+                elif error is None:
+                    events.send("task-succeeded", uuid=r.id, result="None", runtime=runtime)
+                else:
+                    events.send("task-failed", uuid=r.id, exception=repr(error), traceback="")
+        if not started:
+            worker_state.total_count[TASK_NAME] += len(requests)
+            worker_state.all_total_count[0] += len(requests)
+    except Exception:  # monitoring must never fail a batch
+        log.warning("could not send task events", exc_info=True)
+
+
 def _ids(arg: str | list[str]) -> list[str]:
     return [arg] if isinstance(arg, str) else list(arg)
 
@@ -252,11 +275,16 @@ def register(app: Celery, ctx_getter: Any, settings: Settings) -> Any:
     @app.task(base=Batches, name=TASK_NAME, flush_every=settings.batch_max_jobs,
               flush_interval=settings.batch_flush_ms / 1000, acks_late=True, bind=False)
     def run_jobs(requests: list[Any]) -> None:
+        ctx = ctx_getter()
+        _announce(app, ctx.name, requests, started=True)
+        t0, error = time.monotonic(), None
         try:
-            process_jobs(ctx_getter(), [j for r in requests for j in _ids(r.args[0])])
-        except Exception:
+            process_jobs(ctx, [j for r in requests for j in _ids(r.args[0])])
+        except Exception as exc:
             # Postgres or storage down: nothing was recorded as done. Leave the claims to expire so
             # the reconciler republishes the jobs; the acks here only drop these deliveries.
             log.exception("micro-batch of %d jobs could not be processed", len(requests))
+            error = exc
+        _announce(app, ctx.name, requests, started=False, runtime=time.monotonic() - t0, error=error)
 
     return run_jobs

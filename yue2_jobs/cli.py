@@ -109,7 +109,8 @@ def _cmd_worker(args: argparse.Namespace) -> None:
                          f"({sorted(settings.checkpoints)})")
     raise SystemExit(launch(variant=variant, procs=args.procs or settings.worker_procs,
                             metrics_port=settings.metrics_port, max_backoff_s=settings.worker_restart_max_s,
-                            ready_file=settings.worker_ready_file, dry_run=args.dry_run))
+                            ready_file=settings.worker_ready_file, torch_threads=settings.torch_threads,
+                            dry_run=args.dry_run))
 
 
 def _cmd_flower(args: argparse.Namespace) -> None:
@@ -121,6 +122,9 @@ def _cmd_flower(args: argparse.Namespace) -> None:
     from yue2_jobs.queue import make_celery
 
     app = make_celery(settings)
+    # Flower inspects workers with several commands at once, each holding a pooled connection
+    # beside its event receiver: the workers' small pool would leave it waiting forever.
+    app.conf.broker_pool_limit = 32
     argv = ["flower", f"--port={args.port or settings.flower_port}", f"--address={args.address}",
             f"--basic-auth={auth}", "--persistent=False"]
     app.start(argv)

@@ -30,7 +30,7 @@ def requests(ids: list[list[int]], seed: int = 0) -> list[DecodeRequest]:
             for i, x in enumerate(ids)]
 
 
-def alone(model, req: DecodeRequest) -> list[int]:  # noqa: ANN001
+def alone(model, req: DecodeRequest) -> list[int]:
     out = model.generate(torch.tensor([req.input_ids]), yue_mode=req.mode, max_new_tokens=req.max_new_tokens)
     return [t for t in out[0, 1:].tolist() if t != model.config.pad_token_id]
 
@@ -101,7 +101,7 @@ def test_out_of_memory_splits_the_batch_and_no_job_fails(shipped, monkeypatch: p
     reqs = requests(ids, seed=1)
     real = model.decode_block
 
-    def small_device(tokens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    def small_device(tokens, *args, **kwargs):
         if tokens.shape[0] > 3:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(tokens, *args, **kwargs)
@@ -122,7 +122,7 @@ def test_a_row_that_never_fits_fails_alone(shipped, monkeypatch: pytest.MonkeyPa
     eng = ContinuousBatcher(model, max_rows=6)
     real = model.decode_block
 
-    def huge_row(tokens, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+    def huge_row(tokens, *args, **kwargs):
         if any(r is not None and r.id == 4 for r in eng.rows):
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(tokens, *args, **kwargs)
@@ -152,7 +152,7 @@ def test_bad_requests_fail_alone_and_other_errors_ask_for_isolation(shipped, mon
     assert "input must have 1 to 320 tokens" in str(results["empty"].error)
     assert "min_new_tokens must be between 0 and max_new_tokens (8)" in str(results["min"].error)
 
-    def broken(*args, **kwargs):  # noqa: ANN002, ANN003
+    def broken(*args, **kwargs):
         raise RuntimeError("a kernel failed")
 
     monkeypatch.setattr(model, "decode_block", broken)

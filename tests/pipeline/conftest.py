@@ -235,3 +235,15 @@ def eval_texts() -> list[str]:
     from yue2_jobs.model.data import read_split
 
     return [r["text"] for r in read_split(ROOT / "data", "general", "eval")]
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def client(api: Any, settings: Any, tenant: str) -> Any:
+    from yue2_jobs.client import Client
+
+    return Client(api.url, new_key(settings, tenant))

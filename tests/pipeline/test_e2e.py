@@ -85,16 +85,6 @@ def check_outputs(lines: list[dict[str, Any]], by_custom_id: dict[str, str]) -> 
         assert ln["response"]["body"]["output"] == expected[by_custom_id[ln["custom_id"]]], ln["custom_id"]
 
 
-@pytest.fixture
-def tenant() -> str:
-    return f"t-{uuid.uuid4().hex[:8]}"
-
-
-@pytest.fixture
-def client(api: Any, settings: Any, tenant: str) -> Client:
-    return Client(api.url, new_key(settings, tenant))
-
-
 def test_500_jobs_end_to_end(client: Client, workers: Any, settings: Any, s3: dict[str, str], tenant: str,
                              eval_texts: list[str], tmp_path: Path) -> None:
     texts = (eval_texts * 2)[:500]

@@ -93,7 +93,7 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
-def _wait_for(cond, timeout: float = 30.0, what: str = "") -> None:  # noqa: ANN001
+def _wait_for(cond, timeout: float = 30.0, what: str = "") -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
