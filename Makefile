@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-pipeline bench-legal api worker migrate data checkpoints drafters eval clean
+.PHONY: venv demo test lint bench bench-pipeline bench-continuous bench-legal api worker flower migrate data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -28,10 +28,15 @@ lint: $(STAMP)
 # our `ar` loop against HF generate on identical weights.
 # Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
 # bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
+# Then static vs continuous batching on outputs of 8 to 256 tokens (about 2 minutes).
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
 	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
+	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
+
+bench-continuous: $(STAMP)
+	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
 
 bench-pipeline: $(STAMP)
 	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
@@ -69,8 +74,13 @@ migrate: $(STAMP)
 api: $(STAMP)
 	$(PY) -m yue2_jobs api
 
+# One worker process per GPU (NUMA-bound), or YUE2_WORKER_PROCS on a CPU host, supervised.
 worker: $(STAMP)
 	$(PY) -m yue2_jobs worker
+
+# Flower on YUE2_BROKER_URL; basic auth is required: YUE2_FLOWER_BASIC_AUTH=user:password make flower
+flower: $(STAMP)
+	$(PY) -m yue2_jobs flower
 
 eval: $(STAMP)
 	$(PY) -m yue2_jobs eval checkpoints/base --set general --set legal
