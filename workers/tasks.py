@@ -21,6 +21,7 @@ from celery import Celery
 from celery.worker import state as worker_state
 from celery_batches import Batches
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from workers.metrics import WorkerMetrics
@@ -36,6 +37,7 @@ from yue2_jobs.queue import TASK_NAME
 from yue2_jobs.storage import Storage
 
 log = logging.getLogger(__name__)
+RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
 
 
 @dataclass
@@ -112,8 +114,15 @@ def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs
             results.append(result)
         except Exception as exc:  # this job's output did not reach storage: it fails alone
             results.append(_failed(ctx, row, exc))
-    with ctx.sessions() as session:
-        finish_jobs(session, results)
+    for attempt in range(3):
+        try:
+            with ctx.sessions() as session:
+                finish_jobs(session, results)
+            break
+        except OperationalError as exc:  # deadlock or serialization failure: the transaction is safe to redo
+            if getattr(exc.orig, "sqlstate", None) not in RETRYABLE_SQLSTATES or attempt == 2:
+                raise
+            log.warning("recording %d results: %s; retrying", len(results), exc.orig)
     assert ctx.metrics is not None
     for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
         ctx.metrics.job_done(str(status), sum(r["status"] == status for r in results))

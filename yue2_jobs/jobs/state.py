@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, update
+from sqlalchemy import and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Job, JobStatus
@@ -62,13 +62,15 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
         return 0
     until = utcnow() + timedelta(seconds=lease_s)
     n = 0
-    for token in set(claims.values()):
-        ids = [j for j, t in claims.items() if t == token]
-        n += session.execute(
-            update(Job).where(Job.id.in_(ids), Job.claim_token == token, Job.status == JobStatus.RUNNING)
-            .values(lease_expires_at=until)
-        ).rowcount
-    session.commit()
+    for token in sorted(set(claims.values())):
+        ids = sorted(j for j, t in claims.items() if t == token)
+        # A row locked right now is being finished (or cancelled): it needs no lease, and waiting
+        # for it could deadlock with the recorder's transaction, which locks rows in id order.
+        held = (select(Job.id).where(Job.id.in_(ids), Job.claim_token == token, Job.status == JobStatus.RUNNING)
+                .order_by(Job.id).with_for_update(skip_locked=True))
+        n += session.execute(update(Job).where(Job.id.in_(held.scalar_subquery())).values(lease_expires_at=until)
+                             ).rowcount
+        session.commit()
     return n
 
 
@@ -90,8 +92,10 @@ def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:
             .values(finished_at=bindparam("b_finished_at"), lease_expires_at=None,
                     **{c: bindparam(f"b_{c}") for c in FINISH_COLUMNS}))
     now = utcnow()
+    # In id order, and the heartbeat skips rows locked here, so this never waits on a lock
+    # holder that waits on it (the claim of the next slice touches other rows).
     params = [{"b_id": r["id"], "b_token": r["claim_token"], "b_finished_at": now,
-               **{f"b_{c}": r.get(c) for c in FINISH_COLUMNS}} for r in results]
+               **{f"b_{c}": r.get(c) for c in FINISH_COLUMNS}} for r in sorted(results, key=lambda r: r["id"])]
     if not params:
         return 0
     n = session.connection().execute(stmt, params).rowcount
