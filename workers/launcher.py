@@ -206,7 +206,8 @@ def _cpus_text(cpus: list[int]) -> str:
 
 
 def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float, ready_file: Path | None,
-           torch_threads: int | None = None, dry_run: bool = False, gpus: list[GpuInfo] | None = None) -> int:
+           torch_threads: int | None = None, host: str | None = None, dry_run: bool = False,
+           gpus: list[GpuInfo] | None = None) -> int:
     from workers.topology import discover_gpus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -214,7 +215,7 @@ def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float,
     gpus = discover_gpus() if gpus is None else gpus
     numactl = shutil.which("numactl")
     children = plan_children(variant=variant, gpus=gpus, procs=procs, numactl=numactl, metrics_port=metrics_port,
-                             ready_file=ready_file, torch_threads=torch_threads)
+                             ready_file=ready_file, torch_threads=torch_threads, host=host)
     if dry_run:
         print(json.dumps([c.__dict__ for c in children], indent=2))
         return 0

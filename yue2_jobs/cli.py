@@ -110,7 +110,7 @@ def _cmd_worker(args: argparse.Namespace) -> None:
     raise SystemExit(launch(variant=variant, procs=args.procs or settings.worker_procs,
                             metrics_port=settings.metrics_port, max_backoff_s=settings.worker_restart_max_s,
                             ready_file=settings.worker_ready_file, torch_threads=settings.torch_threads,
-                            dry_run=args.dry_run))
+                            host=args.host, dry_run=args.dry_run))
 
 
 def _cmd_flower(args: argparse.Namespace) -> None:
@@ -241,6 +241,8 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.add_argument("--variant", default=None, help="default: YUE2_DEFAULT_VARIANT")
     p.add_argument("--procs", type=int, default=None, help="processes on a CPU-only host (YUE2_WORKER_PROCS)")
     p.add_argument("--dry-run", action="store_true", help="print each child's CPUs, NUMA node, environment and command")
+    p.add_argument("--host", default=None, help="host part of the children's node names (default: this host's "
+                   "name); give each launcher on one host its own, e.g. base.$(hostname)")
     p.add_argument("--child", action="store_true", help="be one worker process (what the launcher starts)")
     p.add_argument("--name", default=None, help="Celery node name of a --child (default variant-pid@host)")
     p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")

@@ -152,3 +152,15 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
 def test_backoff_doubles_up_to_the_cap() -> None:
     sup = Supervisor([], max_backoff_s=10.0)
     assert [sup.backoff(n) for n in range(1, 7)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+
+
+def test_dry_run_prints_the_plan_for_this_host() -> None:
+    done = subprocess.run([sys.executable, "-m", "yue2_jobs", "worker", "--dry-run", "--procs", "2", "--host", "h"],
+                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert [c["name"] for c in plan] == ["cpu0@h", "cpu1@h"]
+    assert sorted(c for child in plan for c in child["cpus"]) == sorted(os.sched_getaffinity(0)) or \
+        len(os.sched_getaffinity(0)) < 2
+    assert all(child["argv"][-2:] == ["--name", child["name"]] for child in plan)
