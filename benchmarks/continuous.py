@@ -9,7 +9,7 @@ kernels and the same row bound; only admission differs:
 
 Workload: the eval set's inputs, each job's output length drawn uniformly from 8 to 256 tokens
 (`min_new_tokens = max_new_tokens`, so lengths are exact whatever the summariser would stop at),
-`hybrid` greedy decoding. Two scenarios:
+greedy decoding (`--mode hybrid`, the default, or `ar`). Two scenarios:
 
 - `offline`: every job queued at t=0 (an overnight batch); latency = time to its completion;
 - `arrivals`: jobs arrive as a Poisson process at `--load` x the static policy's offline job
@@ -17,7 +17,8 @@ Workload: the eval set's inputs, each job's output length drawn uniformly from 8
 
 Each repeat runs both policies in alternating order (this VM is noisy); medians are reported.
 
-    python benchmarks/continuous.py [--jobs 192] [--rows 32] [--repeats 2] [--threads 0] [--out results.json]
+    python benchmarks/continuous.py [--jobs 192] [--rows 32] [--repeats 2] [--threads 0] [--mode hybrid|ar]
+                                    [--out results.json]
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ def workload(ids: list[list[int]], n: int, seed: int) -> list[tuple[list[int], i
 
 
 def run(model: torch.nn.Module, jobs: list[tuple[list[int], int]], *, policy: str, rows: int,
-        arrivals: list[float] | None) -> dict[str, float]:
+        arrivals: list[float] | None, mode: str = "hybrid") -> dict[str, float]:
     eng = ContinuousBatcher(model, max_rows=rows, policy=policy)  # type: ignore[arg-type]
-    reqs = [DecodeRequest(id=i, input_ids=x, max_new_tokens=m, min_new_tokens=m, mode="hybrid")
+    reqs = [DecodeRequest(id=i, input_ids=x, max_new_tokens=m, min_new_tokens=m, mode=mode)
             for i, (x, m) in enumerate(jobs)]
     arrive = arrivals or [0.0] * len(reqs)
     latencies: list[float] = []
@@ -84,6 +85,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--load", type=float, default=0.8, help="arrival rate as a share of static offline jobs/s")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, as a worker runs)")
+    p.add_argument("--mode", default="hybrid", choices=["hybrid", "ar"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "continuous.json"))
@@ -102,7 +104,7 @@ def main() -> None:
         order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
         for policy in order:
             runs["offline"].setdefault(policy, []).append(run(model, jobs, policy=policy, rows=args.rows,
-                                                                  arrivals=None))
+                                                                  arrivals=None, mode=args.mode))
     static_rate = statistics.median(r["jobs_per_s"] for r in runs["offline"]["static"])
     rng = random.Random(args.seed + 1)
     t, arrivals = 0.0, []
@@ -113,11 +115,11 @@ def main() -> None:
         order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
         for policy in order:
             runs["arrivals"].setdefault(policy, []).append(run(model, jobs, policy=policy, rows=args.rows,
-                                                                   arrivals=arrivals))
+                                                                   arrivals=arrivals, mode=args.mode))
     med = {sc: {pol: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for pol, rs in pols.items()}
            for sc, pols in runs.items()}
     lengths = [m for _, m in jobs]
-    print(f"{len(jobs)} hybrid jobs, output lengths {min(lengths)}-{max(lengths)} "
+    print(f"{len(jobs)} {args.mode} jobs, output lengths {min(lengths)}-{max(lengths)} "
           f"(mean {statistics.mean(lengths):.0f}), row bound {args.rows}, "
           f"torch threads {torch.get_num_threads()}, median of {args.repeats}")
     head = f"{'scenario':<9} {'policy':<11} {'tokens/s':>9} {'ratio':>6} {'rows/step':>9} {'steps':>6} " \
