@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.pipeline.conftest import wait_for
 from workers.launcher import ChildSpec, Supervisor, plan_children
 from workers.topology import GpuInfo, gpu_numa_node, normalize_bus_id, numa_nodes, parse_cpulist
 
@@ -93,21 +94,14 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
 
 
-def _wait_for(cond, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple[subprocess.Popen, Path]:
     """The supervisor in its own process (as `yue2 worker` runs it), children printing what they got."""
     out = tmp_path / "children.log"
     script = tmp_path / "sup.py"
     script.write_text(
         "import json, signal, sys\n"
-        "from workers.launcher import ChildSpec, Supervisor\n"
+        "from tests.pipeline.conftest import wait_for
+from workers.launcher import ChildSpec, Supervisor\n"
         f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
         f"sup = Supervisor(kids, **{kw!r})\n"
         "signal.signal(signal.SIGTERM, sup.request_stop)\n"
@@ -123,7 +117,7 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
                          numactl=None, child_argv=[sys.executable, "-c", PROBE])
     proc, out = _run_supervisor(tmp_path, kids, max_backoff_s=1.0)
     try:
-        _wait_for(lambda: len(_records(out)) >= 2, what="both children")
+        wait_for(lambda: len(_records(out)) >= 2, timeout=30, what="both children", interval=0.05)
         first = {r["name"]: r for r in _records(out)}
         for k in kids:
             got = first[k.name]
@@ -131,7 +125,7 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
             assert got["cuda"] == "" and got["threads"] == str(len(k.cpus))
         # Crash one child: it comes back (new pid, same CPUs) after its backoff; the other is untouched.
         os.kill(first["cpu0@t"]["pid"], signal.SIGKILL)
-        _wait_for(lambda: len(_records(out)) >= 3, what="the restart")
+        wait_for(lambda: len(_records(out)) >= 3, timeout=30, what="the restart", interval=0.05)
         again = _records(out)[2]
         assert again["name"] == "cpu0@t" and again["pid"] != first["cpu0@t"]["pid"]
         assert again["cpus"] == first["cpu0@t"]["cpus"]
