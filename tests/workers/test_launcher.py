@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -100,8 +99,7 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
     script = tmp_path / "sup.py"
     script.write_text(
         "import json, signal, sys\n"
-        "from tests.pipeline.conftest import wait_for
-from workers.launcher import ChildSpec, Supervisor\n"
+        "from workers.launcher import ChildSpec, Supervisor\n"
         f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
         f"sup = Supervisor(kids, **{kw!r})\n"
         "signal.signal(signal.SIGTERM, sup.request_stop)\n"
