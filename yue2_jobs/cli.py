@@ -225,6 +225,9 @@ def _add_pipeline_commands(sub: Any) -> None:
         p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"))
         p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
 
+    from yue2_jobs.checkpoints.cli import add_parser as add_checkpoints_parser
+
+    add_checkpoints_parser(sub)
     p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
     p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
     p.set_defaults(func=_cmd_migrate)

@@ -33,6 +33,10 @@ class PickleWeightsRefusedError(CheckpointError):
     """Raised when a checkpoint holds pickle weights (.bin, .pt, ...), which can run code on load."""
 
 
+class CheckpointSmokeTestError(CheckpointError):
+    """Raised when a checkpoint loads but fails its smoke checks: non-finite weights or logits, empty outputs."""
+
+
 class DataError(Yue2Error):
     """Raised when a corpus cannot be built or read (missing source package, empty split, bad line)."""
 

@@ -21,6 +21,7 @@ class Storage(Protocol):
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None: ...
     def get(self, key: str) -> bytes: ...
     def url(self, key: str, *, expires_s: int) -> str | None: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
 
 
 class LocalStorage:
@@ -52,6 +53,15 @@ class LocalStorage:
 
     def url(self, key: str, *, expires_s: int) -> str | None:
         return self._path(key).as_uri()
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (a folder-like prefix ending in /), sorted; in-flight temporaries excluded."""
+        base = self._path(prefix.rstrip("/") or ".")
+        if not base.is_dir():
+            return []
+        root = self.root.resolve()
+        return sorted(p.relative_to(root).as_posix() for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith(".tmp-"))
 
 
 @contextlib.contextmanager
@@ -97,6 +107,16 @@ class S3Storage:
         with _translate_boto(key):
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s)
+
+
+    def list_keys(self, prefix: str) -> list[str]:
+        keys: list[str] = []
+        strip = len(self.prefix) + 1 if self.prefix else 0
+        with _translate_boto(prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                              Prefix=self._key(prefix)):
+                keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
+        return sorted(keys)
 
 
 def storage_from_url(url: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> Storage:

@@ -83,6 +83,14 @@ class Settings(BaseSettings):
     flower_port: int = Field(5555, ge=1, le=65535, description="Port `yue2 flower` binds.")
     flower_basic_auth: str | None = Field(None, description="`user:password` Flower requires (comma-separated).")
 
+    # --- checkpoint registry
+    checkpoint_store_url: str | None = Field(
+        None, description="Where published checkpoints live (`s3://bucket/prefix` or `file:///dir`); "
+        "default `home`/checkpoint-store. Versions go under checkpoints/<variant>/<version>/."
+    )
+    checkpoint_cache_dir: Path | None = Field(None, description="Local copies of published versions; "
+                                              "default `home`/checkpoint-cache.")
+
     # --- API
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")
@@ -110,6 +118,14 @@ class Settings(BaseSettings):
     @property
     def resolved_storage_url(self) -> str:
         return self.storage_url or (self.home / "storage").resolve().as_uri()
+
+    @property
+    def resolved_checkpoint_store_url(self) -> str:
+        return self.checkpoint_store_url or (self.home / "checkpoint-store").resolve().as_uri()
+
+    @property
+    def resolved_checkpoint_cache_dir(self) -> Path:
+        return (self.checkpoint_cache_dir or self.home / "checkpoint-cache").resolve()
 
     @property
     def queue_dir(self) -> Path:

@@ -10,7 +10,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, MetaData, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {"ix": "ix_%(column_0_label)s", "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -127,3 +127,39 @@ class Job(Base):
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     decoder_steps: Mapped[int | None] = mapped_column(Integer)
     nar_tokens: Mapped[int | None] = mapped_column(Integer)
+
+
+class CheckpointState(StrEnum):
+    """A checkpoint version's lifecycle: staged -> validating -> active | failed; active -> retired."""
+
+    STAGED = "staged"
+    VALIDATING = "validating"
+    ACTIVE = "active"
+    FAILED = "failed"
+    RETIRED = "retired"
+
+
+class CheckpointVersion(Base):
+    """One published checkpoint of a variant. `version` is the first 12 hex digits of its
+    manifest's sha256 (what every job records as `variant@version`); at most one per variant is
+    `active`."""
+
+    __tablename__ = "checkpoint_versions"
+    __table_args__ = (
+        UniqueConstraint("variant", "version", name="uq_checkpoint_versions_variant_version"),
+        # The database itself keeps "one active version per variant", whatever races above it.
+        Index("uq_checkpoint_versions_one_active", "variant", unique=True,
+              postgresql_where=text("state = 'active'"), sqlite_where=text("state = 'active'")),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    variant: Mapped[str] = mapped_column(String(64), index=True)
+    version: Mapped[str] = mapped_column(String(64))
+    uri: Mapped[str] = mapped_column(Text)  # s3://bucket/prefix/checkpoints/<variant>/<version>/ or file://...
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), default=CheckpointState.STAGED)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    validated_at: Mapped[datetime | None]
+    activated_at: Mapped[datetime | None]
+    retired_at: Mapped[datetime | None]

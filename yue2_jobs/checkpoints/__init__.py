@@ -1,0 +1,1 @@
+"""Checkpoint versions: the registry, validation, and the watchdog that activates them."""

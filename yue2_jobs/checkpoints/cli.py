@@ -1,0 +1,99 @@
+"""`yue2 checkpoints publish | list | validate | activate | rollback`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from yue2_jobs.checkpoints import registry
+
+
+def _context() -> tuple[Any, Any, Any]:
+    from yue2_jobs.cli import _settings
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.storage import storage_from_url
+
+    s = _settings()
+    store = storage_from_url(s.resolved_checkpoint_store_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)
+    return s, session_factory(s.resolved_database_url)(), store
+
+
+def _describe(row: Any) -> str:
+    when = row.activated_at or row.validated_at or row.created_at
+    extra = f"  ({row.error})" if row.error else ""
+    return f"{row.variant}@{row.version}  {row.state:<10} {when:%Y-%m-%d %H:%M:%S}  {row.uri}{extra}"
+
+
+def _publish(args: argparse.Namespace) -> None:
+    s, session, store = _context()
+    with session:
+        row = registry.publish(session, store=store, store_url=s.resolved_checkpoint_store_url,
+                               directory=Path(args.directory), variant=args.variant)
+        print(f"published {row.variant}@{row.version} (staged) at {row.uri}")
+        if args.activate:
+            _validate_and_activate(s, session, store, row)
+
+
+def _validate_and_activate(s: Any, session: Any, store: Any, row: Any) -> None:
+    from yue2_jobs.checkpoints.validate import validate_version
+
+    if row.validated_at is None:
+        if validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir) is None:
+            raise SystemExit(f"yue2: {row.variant}@{row.version} failed validation: {row.error}")
+    previous = registry.activate(session, row)
+    print(f"active: {row.variant}@{row.version}" + (f" (was {previous.version})" if previous else ""))
+
+
+def _list(args: argparse.Namespace) -> None:
+    _, session, _ = _context()
+    with session:
+        for row in registry.list_versions(session, args.variant):
+            print(_describe(row))
+
+
+def _validate(args: argparse.Namespace) -> None:
+    from yue2_jobs.checkpoints.validate import validate_version
+
+    s, session, store = _context()
+    with session:
+        row = registry.get(session, variant=args.variant, version=args.version)
+        ok = validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir)
+        print(f"{row.variant}@{row.version}: " + ("passed" if ok else f"failed: {row.error}"))
+        if not ok:
+            raise SystemExit(1)
+
+
+def _activate(args: argparse.Namespace) -> None:
+    s, session, store = _context()
+    with session:
+        _validate_and_activate(s, session, store, registry.get(session, variant=args.variant, version=args.version))
+
+
+def _rollback(args: argparse.Namespace) -> None:
+    _, session, _ = _context()
+    with session:
+        row = registry.rollback(session, args.variant)
+        print(f"rolled back: {row.variant}@{row.version} is active again")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("checkpoints", help="publish, list, validate, activate and roll back checkpoint versions")
+    cmds = p.add_subparsers(dest="checkpoints_command", required=True)
+    c = cmds.add_parser("publish", help="upload a checkpoint directory as a new staged version (manifest last)")
+    c.add_argument("directory")
+    c.add_argument("--variant", required=True)
+    c.add_argument("--activate", action="store_true", help="validate it and make it active now")
+    c.set_defaults(func=_publish)
+    c = cmds.add_parser("list", help="every version and its state")
+    c.add_argument("--variant", default=None)
+    c.set_defaults(func=_list)
+    for name, func, text in (("validate", _validate, "check files, weights and a smoke run"),
+                             ("activate", _activate, "validate if needed, then make it the active version")):
+        c = cmds.add_parser(name, help=text)
+        c.add_argument("variant")
+        c.add_argument("version")
+        c.set_defaults(func=func)
+    c = cmds.add_parser("rollback", help="re-activate the version that was active before the current one")
+    c.add_argument("variant")
+    c.set_defaults(func=_rollback)
