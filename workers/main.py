@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+from pathlib import Path
 from typing import Any
 
 from yue2_jobs.core.config import Settings
@@ -24,9 +25,26 @@ from yue2_jobs.storage import storage_from_url
 log = logging.getLogger("yue2.worker")
 
 
-def load_runner(settings: Settings, variant: str) -> Any:
+def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Any:
     module, _, factory = settings.runner.partition(":")
-    return getattr(importlib.import_module(module), factory)(variant=variant, settings=settings)
+    return getattr(importlib.import_module(module), factory)(variant=variant, settings=settings, directory=directory)
+
+
+def active_directory(settings: Settings, sessions: Any, variant: str) -> tuple[Path | None, Any]:
+    """The registry's active version of `variant` as a local directory (None: serve the configured
+    seed checkpoint), and a function giving any version's local directory."""
+    from yue2_jobs.checkpoints import registry
+    from yue2_jobs.checkpoints.validate import download
+
+    store = storage_from_url(settings.resolved_checkpoint_store_url, endpoint_url=settings.s3_endpoint_url,
+                             region=settings.s3_region)
+
+    def directory_for(version: str) -> Path:
+        return download(store, variant=variant, version=version, cache_dir=settings.resolved_checkpoint_cache_dir)
+
+    with sessions() as session:
+        row = registry.active(session, variant)
+    return (directory_for(row.version) if row is not None else None), directory_for
 
 
 def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> threading.Thread:
@@ -43,6 +61,7 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 
 
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
+    from workers.swap import install as install_swap_commands
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -53,7 +72,8 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
-    runner = load_runner(settings, variant)
+    start_dir, directory_for = active_directory(settings, sessions, variant)
+    runner = load_runner(settings, variant, start_dir)
     log.info("worker %s serving %s on queue %s (%s batching, CPUs %s)", node, runner.checkpoint, queue_for(variant),
              settings.batching, sorted(os.sched_getaffinity(0)))
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
@@ -64,6 +84,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         log.info("metrics on :%d/metrics", settings.metrics_port)
     app = make_celery(settings)
     register(app, lambda: ctx, settings)
+    install_swap_commands(lambda: ctx, directory_for=directory_for)
 
     stop = threading.Event()
 

@@ -44,6 +44,7 @@ class WorkerMetrics:
         self._lock = threading.Lock()
         self._window = (time.monotonic(), 0, 0, 0)  # start, tokens, nar, drafted: for the rates
         self._reported = 0  # engine drafts already added to the counter
+        self._engine: Any = None
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -58,6 +59,10 @@ class WorkerMetrics:
     def engine_progress(self, engine: Any) -> None:
         """Fold the engine's counters since the last call into the metrics."""
         c = engine.counters
+        with self._lock:
+            if engine is not self._engine:  # a hot swap brought a new engine: its counters start at 0
+                self._engine, self._reported = engine, 0
+                self._window = (time.monotonic(), c.tokens, c.nar_tokens, c.drafted)
         for live in c.occupancy:
             self.occupancy.labels(self.worker).observe(live)
         self.steps.labels(self.worker).inc(len(c.occupancy))

@@ -57,17 +57,19 @@ def resolve_device(name: str) -> torch.device:
 
 
 class ModelRunner:
-    """Loads `variant`'s checkpoint once; `run` returns one output or exception per job, in order."""
+    """Loads one checkpoint of `variant` (`directory`, default the configured seed directory);
+    `run` returns one output or exception per job, in order. A hot swap builds a new runner."""
 
-    def __init__(self, *, variant: str, settings: Settings) -> None:
+    def __init__(self, *, variant: str, settings: Settings, directory: Path | None = None) -> None:
         from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
 
-        directory = Path(settings.checkpoints[variant])
-        verify_checkpoint_dir(directory)
+        directory = Path(directory or settings.checkpoints[variant])
+        files = verify_checkpoint_dir(directory)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
-        self.variant = variant
+        self.variant, self.settings, self.directory = variant, settings, directory
         self.checkpoint = f"{variant}@{checkpoint_version(directory)}"
+        self.weights_sha256 = str(files["model.safetensors"]["sha256"])
         self.model, self.tokenizer = load_checkpoint(directory)
         self.device = resolve_device(settings.device)
         self.model.to(self.device)

@@ -53,6 +53,10 @@ class WorkerContext:
     recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
     uploader: Uploader | None = None
     metrics: WorkerMetrics | None = None
+    # Held by each micro-batch from its first claim to its last record; a hot swap takes it to
+    # replace `runner`, so the switch falls between micro-batches (workers.swap).
+    swap_lock: threading.Lock = field(default_factory=threading.Lock)
+    swap_status: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.uploader is None:
@@ -69,7 +73,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 
 def _failed(ctx: WorkerContext, row: Any, exc: BaseException) -> dict[str, Any]:
     return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
-            "checkpoint": ctx.runner.checkpoint}
+            "checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256}
 
 
 def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]]]:
@@ -86,7 +90,8 @@ def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], l
 
 def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[Future[None], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
-    values = {"checkpoint": ctx.runner.checkpoint, "input_tokens": out.input_tokens,
+    values = {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256,
+              "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
     assert ctx.uploader is not None
@@ -242,7 +247,10 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
             job = res.request.id
             out = runner.run([job])[0] if res.isolate else runner.output_of(res)  # rerun alone: find the culprit
             done.append((job, out))
-        ctx.metrics.engine_progress(engine)
+        try:
+            ctx.metrics.engine_progress(engine)
+        except Exception:  # monitoring must never fail a batch
+            log.warning("metrics update failed", exc_info=True)
         if done and not first_done:
             first_done = time.perf_counter()
         if done and (len(done) >= s.batch_max_jobs or not engine.has_work()
@@ -288,7 +296,8 @@ def register(app: Celery, ctx_getter: Any, settings: Settings) -> Any:
         _announce(app, ctx.name, requests, started=True)
         t0, error = time.monotonic(), None
         try:
-            process_jobs(ctx, [j for r in requests for j in _ids(r.args[0])])
+            with ctx.swap_lock:
+                process_jobs(ctx, [j for r in requests for j in _ids(r.args[0])])
         except Exception as exc:
             # Postgres or storage down: nothing was recorded as done. Leave the claims to expire so
             # the reconciler republishes the jobs; the acks here only drop these deliveries.

@@ -113,6 +113,12 @@ def _cmd_worker(args: argparse.Namespace) -> None:
                             host=args.host, dry_run=args.dry_run))
 
 
+def _cmd_watchdog(args: argparse.Namespace) -> None:
+    from yue2_jobs.checkpoints.watchdog import run
+
+    run(_settings(), once=args.once)
+
+
 def _cmd_flower(args: argparse.Namespace) -> None:
     settings = _settings()
     auth = args.basic_auth or settings.flower_basic_auth
@@ -250,6 +256,9 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.add_argument("--name", default=None, help="Celery node name of a --child (default variant-pid@host)")
     p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")
     p.set_defaults(func=_cmd_worker)
+    p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=_cmd_watchdog)
     p = sub.add_parser("flower", help="serve Flower (Celery monitoring) with basic auth")
     p.add_argument("--port", type=int, default=None, help="default: YUE2_FLOWER_PORT")
     p.add_argument("--address", default="127.0.0.1")

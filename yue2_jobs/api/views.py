@@ -20,7 +20,8 @@ def ts(value: datetime | None) -> int | None:
 def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, Any]:
     view: dict[str, Any] = {
         "id": job.id, "object": "yue2.job", "kind": job.kind, "status": job.status, "custom_id": job.custom_id,
-        "batch_id": job.batch_id, "variant": job.variant, "checkpoint": job.checkpoint, "params": job.params,
+        "batch_id": job.batch_id, "variant": job.variant, "checkpoint": job.checkpoint,
+        "weights_sha256": job.weights_sha256, "params": job.params,
         "attempts": job.attempts, "error": job.error, "worker": job.worker,
         "created_at": ts(job.created_at), "started_at": ts(job.started_at), "finished_at": ts(job.finished_at),
         "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},

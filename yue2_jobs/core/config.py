@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     checkpoint_cache_dir: Path | None = Field(None, description="Local copies of published versions; "
                                               "default `home`/checkpoint-cache.")
 
+    watchdog_interval_s: float = Field(5.0, gt=0, description="Seconds between watchdog passes (a local store "
+                                       "also wakes it on each new manifest).")
+    watchdog_swap_timeout_s: float = Field(600.0, gt=0, description="How long the watchdog waits for one worker "
+                                           "to load and serve a new version.")
+
     # --- API
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")

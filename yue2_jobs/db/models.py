@@ -109,6 +109,7 @@ class Job(Base):
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
     variant: Mapped[str] = mapped_column(String(64))  # requested
     checkpoint: Mapped[str | None] = mapped_column(String(128))  # served: variant@manifest-sha
+    weights_sha256: Mapped[str | None] = mapped_column(String(64))  # sha256 of the model.safetensors that ran
     params: Mapped[dict[str, Any]]
     input_text: Mapped[str | None] = mapped_column(Text)
     input_key: Mapped[str | None] = mapped_column(String(500))  # when the input is too large for the row

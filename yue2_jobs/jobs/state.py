@@ -74,8 +74,8 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
     return n
 
 
-FINISH_COLUMNS = ("status", "checkpoint", "output_key", "output_text", "error", "input_tokens", "output_tokens",
-                  "decoder_steps", "nar_tokens")
+FINISH_COLUMNS = ("status", "checkpoint", "weights_sha256", "output_key", "output_text", "error", "input_tokens",
+                  "output_tokens", "decoder_steps", "nar_tokens")
 
 
 def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:

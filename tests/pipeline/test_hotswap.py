@@ -1,0 +1,109 @@
+"""Hot swap under load on the real services: a new `base` version is published while a worker
+runs a batch; the watchdog validates and activates it and swaps the worker between micro-batches.
+No job fails or is lost, jobs carry the version that decoded them, the worker's pid is unchanged;
+a bad version is rejected while the active one keeps serving."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import delete
+
+from tests.pipeline.conftest import ROOT, wait_for
+from tests.pipeline.test_e2e import batch_jobs, submit, wait_batch, write_batch
+from yue2_jobs.checkpoints import registry
+from yue2_jobs.checkpoints.watchdog import run_pass, worker_versions
+from yue2_jobs.db.models import CheckpointState, CheckpointVersion, JobStatus
+from yue2_jobs.db.session import session_factory
+from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint_dir
+from yue2_jobs.queue import make_celery
+from yue2_jobs.storage import storage_from_url
+
+
+@pytest.fixture
+def base_registry(settings: Any) -> Iterator[None]:
+    """Leaves no `base` version behind: later tests' workers would load it instead of the seed."""
+    yield
+    with session_factory(settings.resolved_database_url)() as session:
+        session.execute(delete(CheckpointVersion).where(CheckpointVersion.variant == "base"))
+        session.commit()
+    shutil.rmtree(Path(settings.resolved_checkpoint_store_url.removeprefix("file://")) / "checkpoints" / "base",
+                  ignore_errors=True)
+
+
+def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
+        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: None) -> None:
+    sessions = session_factory(settings.resolved_database_url)
+    store = storage_from_url(settings.resolved_checkpoint_store_url)
+    app = make_celery(settings)
+    app.conf.broker_pool_limit = 8
+    worker = workers(YUE2_BATCH_MAX_JOBS="1")  # one message (32 jobs) per micro-batch: many swap points
+    wait_for(lambda: worker_versions(app), timeout=120, what="the worker to answer remote control")
+    (name, before), = worker_versions(app).items()
+    assert before["checkpoint"].startswith("base@")
+
+    write_batch(tmp_path / "a.jsonl", (eval_texts * 2)[:320], prefix="a")
+    batch_a = submit(client, tmp_path / "a.jsonl")
+    wait_for(lambda: client.batch(batch_a)["request_counts"]["completed"] >= 32, timeout=120, what="first jobs")
+
+    retrained = shutil.copytree(ROOT / "checkpoints" / "legal", tmp_path / "retrained-base")  # a "retrained" base
+    with sessions() as session:
+        new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                               directory=retrained, variant="base")
+    t_publish = time.monotonic()
+    done = run_pass(settings, sessions, store, app)
+    t_served = time.monotonic() - t_publish
+    assert done["base"]["activated"] == [new.version] and done["base"]["swapped"] == [name], done
+    after = worker_versions(app)[name]
+    assert after["checkpoint"] == f"base@{new.version}" and after["pid"] == before["pid"]  # no restart
+    assert after["weights_sha256"] == verify_checkpoint_dir(retrained)["model.safetensors"]["sha256"]
+
+    write_batch(tmp_path / "b.jsonl", eval_texts[:64], prefix="b")
+    batch_b = submit(client, tmp_path / "b.jsonl")
+    for batch_id, total in ((batch_a, 320), (batch_b, 64)):
+        state = wait_batch(client, batch_id, timeout=300, worker=worker)
+        assert state["request_counts"] == {"total": total, "completed": total, "failed": 0}
+    jobs_a, jobs_b = batch_jobs(settings, batch_a), batch_jobs(settings, batch_b)
+    assert {j.status for j in jobs_a + jobs_b} == {JobStatus.SUCCEEDED} and {j.attempts for j in jobs_a} == {1}
+    old, new_ck = before["checkpoint"], f"base@{new.version}"
+    served = {j.checkpoint for j in jobs_a}
+    assert served == {old, new_ck}, served  # the batch straddles the swap
+    # Every job decoded before the switch carries the old version, every one after it the new.
+    last_old = max(j.finished_at for j in jobs_a if j.checkpoint == old)
+    first_new = min(j.finished_at for j in jobs_a if j.checkpoint == new_ck)
+    assert last_old <= first_new
+    assert {j.checkpoint for j in jobs_b} == {new_ck}
+    assert {j.weights_sha256 for j in jobs_b} == {after["weights_sha256"]}
+    print(f"publish -> worker serving the new version: {t_served:.1f}s")
+
+    # A version with NaN weights is rejected; the worker keeps serving the active one.
+    model, tok = load_checkpoint(retrained)
+    with torch.no_grad():
+        model.decoder_layers[1].ffn.fc2.weight[3, 3] = float("nan")
+    broken = save_checkpoint(model, tok, tmp_path / "nan-base")
+    with sessions() as session:
+        bad = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                               directory=broken, variant="base")
+    run_pass(settings, sessions, store, app)
+    with sessions() as session:
+        assert registry.get(session, variant="base", version=bad.version).state == CheckpointState.FAILED
+        assert registry.active(session, "base").version == new.version
+    assert worker_versions(app)[name]["checkpoint"] == new_ck
+
+    # The seed checkpoint published as a version, then a rollback: each pass swaps the worker, same pid.
+    with sessions() as session:
+        seed = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                                directory=ROOT / "checkpoints" / "base", variant="base")
+    run_pass(settings, sessions, store, app)
+    assert worker_versions(app)[name]["checkpoint"] == f"base@{seed.version}"
+    with sessions() as session:
+        assert registry.rollback(session, "base").version == new.version
+    run_pass(settings, sessions, store, app)
+    final = worker_versions(app)[name]
+    assert final["checkpoint"] == new_ck and final["pid"] == before["pid"]

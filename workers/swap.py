@@ -1,0 +1,76 @@
+"""Hot swap: the watchdog tells a worker (Celery remote control) to serve another version.
+
+`yue2_swap` starts loading the version in a background thread and answers at once; the worker
+keeps serving the old weights while it loads. The new runner replaces the old one under
+`WorkerContext.swap_lock`, which every micro-batch holds from claim to last record, so the switch
+happens between micro-batches and every job records the version that decoded it. A load that
+fails leaves the old runner serving and reports `failed` (the watchdog marks the version failed).
+`yue2_version` answers what the worker serves, its pid and the state of the last swap.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+from typing import Any
+
+from celery.worker.control import control_command
+
+log = logging.getLogger("yue2.swap")
+
+
+def current_status(ctx: Any) -> dict[str, Any]:
+    return {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256, "pid": os.getpid(),
+            "swap": dict(ctx.swap_status)}
+
+
+def load_and_swap(ctx: Any, *, version: str, directory_for: Any) -> None:
+    """Build a runner for `version` beside the current one, then switch between micro-batches."""
+    old = ctx.runner
+    ctx.swap_status.update(version=version, state="loading", error=None)
+    try:
+        new = type(old)(variant=old.variant, settings=old.settings, directory=directory_for(version))
+    except Exception as exc:
+        log.exception("loading %s@%s failed; %s keeps serving", old.variant, version, old.checkpoint)
+        ctx.swap_status.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+        return
+    with ctx.swap_lock:  # waits for the micro-batch in progress
+        ctx.runner = new
+    ctx.swap_status.update(state="serving")
+    ctx.metrics.checkpoint_event("swap", new.checkpoint)
+    log.info("swapped %s -> %s", old.checkpoint, new.checkpoint)
+    del old
+    gc.collect()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    except Exception:  # freeing cached blocks is best effort
+        pass
+
+
+def install(ctx_getter: Any, *, directory_for: Any) -> None:
+    """Register the remote-control commands (before the worker starts)."""
+
+    @control_command(args=[("variant", str), ("version", str)], signature="<variant> <version>")
+    def yue2_swap(state: Any, variant: str, version: str) -> dict[str, Any]:
+        """Load `variant@version` in the background and serve it from the next micro-batch."""
+        ctx = ctx_getter()
+        if variant != ctx.runner.variant:
+            return {"ignored": f"this worker serves {ctx.runner.variant}"}
+        if ctx.runner.checkpoint == f"{variant}@{version}":
+            return {"ok": "already serving", **current_status(ctx)}
+        if ctx.swap_status.get("state") == "loading":
+            return {"busy": f"still loading {ctx.swap_status.get('version')}"}
+        ctx.swap_status.update(version=version, state="loading", error=None)
+        threading.Thread(target=load_and_swap, kwargs={"ctx": ctx, "version": version, "directory_for": directory_for},
+                         name="yue2-swap", daemon=True).start()
+        return {"ok": "loading", **current_status(ctx)}
+
+    @control_command()
+    def yue2_version(state: Any) -> dict[str, Any]:
+        """What this worker serves, its pid and its last swap."""
+        return current_status(ctx_getter())

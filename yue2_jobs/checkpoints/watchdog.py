@@ -1,0 +1,170 @@
+"""`yue2 watchdog`: brings the workers to the registry's active versions.
+
+Each pass, for every configured variant:
+
+1. **discover**: versions in the store whose manifest is complete (a half-uploaded one has none
+   yet) and that the registry lacks are registered `staged`;
+2. **validate** staged versions, oldest first (`validate.py`); each that passes becomes active;
+3. **converge**: every worker of the variant that serves another version is told to swap
+   (`workers/swap.py`), one worker at a time, each confirmed before the next. If a worker
+   cannot load the version, it keeps serving the old one, the version is marked `failed` and the
+   previous version is re-activated, so the next pass brings any swapped worker back.
+
+`yue2 checkpoints activate` / `rollback` only change the registry: the next pass converges.
+Passes run every `YUE2_WATCHDOG_INTERVAL_S` seconds; a local store is also watched with the
+`watchdog` library (inotify), so a finished upload starts a pass at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from yue2_jobs.checkpoints import registry
+from yue2_jobs.checkpoints.validate import validate_version
+from yue2_jobs.db.models import CheckpointState, CheckpointVersion
+
+log = logging.getLogger("yue2.watchdog")
+
+
+def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[str]:
+    found = []
+    for version, manifest in registry.complete_versions(store, variant).items():
+        if registry.find(session, variant=variant, version=version) is None:
+            registry.register(session, variant=variant, version=version, sha=hashlib.sha256(manifest).hexdigest(),
+                              uri=store_url.rstrip("/") + "/" + registry.version_prefix(variant, version))
+            found.append(version)
+    return found
+
+
+def worker_versions(app: Any, *, timeout: float = 2.0, destination: list[str] | None = None) -> dict[str, Any]:
+    replies = app.control.broadcast("yue2_version", reply=True, timeout=timeout, destination=destination) or []
+    return {name: info for reply in replies for name, info in reply.items()}
+
+
+def swap_worker(app: Any, name: str, *, variant: str, version: str, timeout_s: float) -> str | None:
+    """Tell one worker to serve `variant@version`; wait for it. None when it serves it, else the error."""
+    app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version}, destination=[name],
+                          reply=True, timeout=5.0)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = worker_versions(app, destination=[name], timeout=1.0).get(name)
+        if info is not None:
+            if info["checkpoint"] == f"{variant}@{version}":
+                return None
+            swap = info.get("swap", {})
+            if swap.get("version") == version and swap.get("state") == "failed":
+                return swap.get("error") or "load failed"
+            if swap.get("version") != version:  # the command was lost (busy worker): ask again
+                app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version},
+                                      destination=[name], reply=True, timeout=1.0)
+        time.sleep(0.5)  # a busy worker answers only between micro-batches: poll its state
+    return f"{name} did not serve {variant}@{version} within {timeout_s:.0f}s"
+
+
+def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float) -> list[str]:
+    """Swap the workers of `variant` to its active version, one at a time; returns the swapped ones."""
+    target = registry.active(session, variant)
+    if target is None:
+        return []
+    want = f"{variant}@{target.version}"
+    swapped = []
+    for name, info in sorted(worker_versions(app).items()):
+        if not info["checkpoint"].startswith(variant + "@") or info["checkpoint"] == want:
+            continue
+        t0 = time.monotonic()
+        error = swap_worker(app, name, variant=variant, version=target.version, timeout_s=swap_timeout_s)
+        if error is not None:
+            log.error("%s could not load %s: %s; marking it failed and rolling back", name, want, error)
+            registry.finish_validation(session, target, error=f"worker load failed on {name}: {error}")
+            earlier = _previous(session, variant)
+            if earlier is not None:
+                registry.activate(session, earlier)
+            return swapped
+        log.info("%s now serves %s (%.1fs)", name, want, time.monotonic() - t0)
+        swapped.append(name)
+    return swapped
+
+
+def _previous(session: Any, variant: str) -> CheckpointVersion | None:
+    return session.execute(select(CheckpointVersion).where(
+        CheckpointVersion.variant == variant, CheckpointVersion.state == CheckpointState.RETIRED)
+        .order_by(CheckpointVersion.activated_at.desc()).limit(1)).scalar_one_or_none()
+
+
+def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, Any]:
+    """One pass over every variant; returns what it did."""
+    done: dict[str, Any] = {}
+    for variant in settings.checkpoints:
+        with sessions() as session:
+            found = discover(session, store=store, store_url=settings.resolved_checkpoint_store_url, variant=variant)
+            staged = session.execute(select(CheckpointVersion).where(
+                CheckpointVersion.variant == variant, CheckpointVersion.state == CheckpointState.STAGED)
+                .order_by(CheckpointVersion.created_at)).scalars().all()
+            activated = []
+            for row in staged:
+                if validate_version(session, row, store=store, cache_dir=settings.resolved_checkpoint_cache_dir):
+                    registry.activate(session, row)
+                    activated.append(row.version)
+                else:
+                    log.warning("%s@%s failed validation: %s", variant, row.version, row.error)
+            swapped = converge(session, app, variant=variant, swap_timeout_s=settings.watchdog_swap_timeout_s)
+        if found or activated or swapped:
+            done[variant] = {"discovered": found, "activated": activated, "swapped": swapped}
+            log.info("%s: %s", variant, done[variant])
+    return done
+
+
+def run(settings: Any, *, once: bool = False) -> None:
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.queue import make_celery
+    from yue2_jobs.storage import storage_from_url
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sessions = session_factory(settings.resolved_database_url)
+    store = storage_from_url(settings.resolved_checkpoint_store_url, endpoint_url=settings.s3_endpoint_url,
+                             region=settings.s3_region)
+    app = make_celery(settings)
+    app.conf.broker_pool_limit = 8
+    wake = threading.Event()
+    observer = _watch_local_store(settings.resolved_checkpoint_store_url, wake)
+    try:
+        while True:
+            run_pass(settings, sessions, store, app)
+            if once:
+                return
+            wake.wait(settings.watchdog_interval_s)
+            wake.clear()
+    finally:
+        if observer is not None:
+            observer.stop()
+
+
+def _watch_local_store(url: str, wake: threading.Event) -> Any:
+    """inotify on a file:// store: a manifest landing wakes the loop (S3 is polled)."""
+    if not url.startswith("file://"):
+        return None
+    from urllib.parse import unquote, urlparse
+
+    from watchdog.events import FileSystemEventHandler
+    from watchdog.observers import Observer
+
+    root = Path(unquote(urlparse(url).path))
+    root.mkdir(parents=True, exist_ok=True)
+
+    class OnManifest(FileSystemEventHandler):
+        def on_any_event(self, event: Any) -> None:
+            path = str(getattr(event, "dest_path", "") or event.src_path)
+            if path.endswith("manifest.json"):
+                wake.set()
+
+    observer = Observer()
+    observer.schedule(OnManifest(), str(root), recursive=True)
+    observer.start()
+    return observer
