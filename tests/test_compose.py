@@ -42,8 +42,9 @@ def test_compose_config_is_valid_and_complete() -> None:
     assert done.returncode == 0, done.stderr
     cfg = yaml.safe_load(done.stdout)
     services = cfg["services"]
-    assert {"redis", "postgres", "minio", "minio-bucket", "migrate", "api", "worker-base", "worker-legal", "flower",
-            "prometheus"} <= set(services)
+    assert {"redis", "postgres", "minio", "minio-bucket", "migrate", "api", "worker-base", "worker-legal", "watchdog",
+            "flower", "prometheus"} <= set(services)
+    assert services["watchdog"]["command"] == ["yue2", "watchdog"]
     assert services["migrate"]["command"] == ["alembic", "upgrade", "head"]
     for name in ("worker-base", "worker-legal"):
         w = services[name]

@@ -107,3 +107,41 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
     run_pass(settings, sessions, store, app)
     final = worker_versions(app)[name]
     assert final["checkpoint"] == new_ck and final["pid"] == before["pid"]
+
+
+def test_a_worker_that_cannot_load_keeps_serving_and_the_version_is_rolled_back(
+        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: None) -> None:
+    sessions = session_factory(settings.resolved_database_url)
+    store = storage_from_url(settings.resolved_checkpoint_store_url)
+    app = make_celery(settings)
+    app.conf.broker_pool_limit = 8
+    with sessions() as session:  # the seed as the active version, then a newer one that passes validation
+        seed = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                                directory=ROOT / "checkpoints" / "base", variant="base")
+    run_pass(settings, sessions, store, app)
+    workers()
+    wait_for(lambda: worker_versions(app), timeout=120, what="the worker to answer remote control")
+    (name, before), = worker_versions(app).items()
+    assert before["checkpoint"] == f"base@{seed.version}"
+    with sessions() as session:
+        new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                               directory=ROOT / "checkpoints" / "legal", variant="base")
+        from yue2_jobs.checkpoints.validate import validate_version
+
+        assert validate_version(session, new, store=store, cache_dir=tmp_path / "validator-cache")
+        registry.activate(session, new)
+    # The worker's copy cannot be fetched: its store files vanished after validation.
+    store_root = Path(settings.resolved_checkpoint_store_url.removeprefix("file://"))
+    shutil.rmtree(store_root / "checkpoints" / "base" / new.version)
+    shutil.rmtree(settings.resolved_checkpoint_cache_dir / "base" / new.version, ignore_errors=True)
+    run_pass(settings, sessions, store, app)
+    with sessions() as session:
+        failed = registry.get(session, variant="base", version=new.version)
+        assert failed.state == CheckpointState.FAILED and f"worker load failed on {name}" in failed.error
+        assert registry.active(session, "base").version == seed.version
+    after = worker_versions(app)[name]
+    assert after["checkpoint"] == before["checkpoint"] and after["pid"] == before["pid"]
+    assert after["swap"]["state"] == "failed"
+    write_batch(tmp_path / "in.jsonl", eval_texts[:40])
+    state = wait_batch(client, submit(client, tmp_path / "in.jsonl"), timeout=300)
+    assert state["request_counts"] == {"total": 40, "completed": 40, "failed": 0}

@@ -84,13 +84,17 @@ def test_cpu_only_hosts_split_the_cores(tmp_path: Path) -> None:
     assert numa_nodes(tmp_path / "none") == {}
 
 
-PROBE = ("import json, os, sys, time; print(json.dumps({'name': sys.argv[-1], 'pid': os.getpid(), "
+PROBE = ("import json, os, sys, time; d = os.environ['PROBE_DIR']; tmp = os.path.join(d, f'.{os.getpid()}'); "
+         "open(tmp, 'w').write(json.dumps({'name': sys.argv[-1], 'pid': os.getpid(), "
          "'cpus': sorted(os.sched_getaffinity(0)), 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
-         "'threads': os.environ.get('OMP_NUM_THREADS')}), flush=True); time.sleep(600)")
+         "'threads': os.environ.get('OMP_NUM_THREADS')})); "
+         "os.replace(tmp, os.path.join(d, f'{time.time_ns()}-{os.getpid()}.json')); time.sleep(600)")
 
 
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+def _records(probe_dir: Path) -> list[dict]:
+    """What each child started reported, in start order (one file per child process)."""
+    files = sorted(probe_dir.glob("*.json"), key=lambda p: int(p.stem.split("-")[0]))
+    return [json.loads(p.read_text()) for p in files]
 
 
 def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple[subprocess.Popen, Path]:
@@ -104,8 +108,10 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
         f"sup = Supervisor(kids, **{kw!r})\n"
         "signal.signal(signal.SIGTERM, sup.request_stop)\n"
         "sys.exit(sup.run())\n")
+    probes = tmp_path / "probes"
+    probes.mkdir()
     proc = subprocess.Popen([sys.executable, str(script)], stdout=out.open("wb"), stderr=subprocess.STDOUT,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PROBE_DIR": str(probes)})
     return proc, out
 
 
@@ -114,17 +120,18 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
     kids = plan_children(variant="base", gpus=[], procs=2, sysfs=tmp_path / "none", cpus=cpus, host="t",
                          numactl=None, child_argv=[sys.executable, "-c", PROBE])
     proc, out = _run_supervisor(tmp_path, kids, max_backoff_s=1.0)
+    probes = tmp_path / "probes"
     try:
-        wait_for(lambda: len(_records(out)) >= 2, timeout=30, what="both children", interval=0.05)
-        first = {r["name"]: r for r in _records(out)}
+        wait_for(lambda: len(_records(probes)) >= 2, timeout=30, what="both children", interval=0.05)
+        first = {r["name"]: r for r in _records(probes)}
         for k in kids:
             got = first[k.name]
             assert got["cpus"] == k.cpus, (got, k.cpus)  # sched_setaffinity took effect in the child
             assert got["cuda"] == "" and got["threads"] == str(len(k.cpus))
         # Crash one child: it comes back (new pid, same CPUs) after its backoff; the other is untouched.
         os.kill(first["cpu0@t"]["pid"], signal.SIGKILL)
-        wait_for(lambda: len(_records(out)) >= 3, timeout=30, what="the restart", interval=0.05)
-        again = _records(out)[2]
+        wait_for(lambda: len(_records(probes)) >= 3, timeout=30, what="the restart", interval=0.05)
+        again = _records(probes)[2]
         assert again["name"] == "cpu0@t" and again["pid"] != first["cpu0@t"]["pid"]
         assert again["cpus"] == first["cpu0@t"]["cpus"]
         assert "cpu0@t exited with -9; restarting in 1.0s" in out.read_text()
@@ -132,7 +139,7 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
         # SIGTERM: children are stopped and the supervisor exits; none is restarted.
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
-        assert len(_records(out)) == 3
+        assert len(_records(probes)) == 3
         for pid in (again["pid"], first["cpu1@t"]["pid"]):
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
