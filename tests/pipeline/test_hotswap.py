@@ -27,9 +27,12 @@ from yue2_jobs.storage import storage_from_url
 
 
 @pytest.fixture
-def base_registry(settings: Any) -> Iterator[None]:
-    """Leaves no `base` version behind: later tests' workers would load it instead of the seed."""
-    yield
+def base_registry(settings: Any) -> Iterator[tuple[Any, Any, Any]]:
+    """(sessions, checkpoint store, Celery app); leaves no `base` version behind, or later tests'
+    workers would load it instead of the seed."""
+    app = make_celery(settings)
+    app.conf.broker_pool_limit = 8
+    yield session_factory(settings.resolved_database_url), storage_from_url(settings.resolved_checkpoint_store_url), app
     with session_factory(settings.resolved_database_url)() as session:
         session.execute(delete(CheckpointVersion).where(CheckpointVersion.variant == "base"))
         session.commit()
@@ -38,11 +41,8 @@ def base_registry(settings: Any) -> Iterator[None]:
 
 
 def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
-        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: None) -> None:
-    sessions = session_factory(settings.resolved_database_url)
-    store = storage_from_url(settings.resolved_checkpoint_store_url)
-    app = make_celery(settings)
-    app.conf.broker_pool_limit = 8
+        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: Any) -> None:
+    sessions, store, app = base_registry
     worker = workers(YUE2_BATCH_MAX_JOBS="1")  # one message (32 jobs) per micro-batch: many swap points
     wait_for(lambda: worker_versions(app), timeout=120, what="the worker to answer remote control")
     (name, before), = worker_versions(app).items()
@@ -110,11 +110,8 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
 
 
 def test_a_worker_that_cannot_load_keeps_serving_and_the_version_is_rolled_back(
-        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: None) -> None:
-    sessions = session_factory(settings.resolved_database_url)
-    store = storage_from_url(settings.resolved_checkpoint_store_url)
-    app = make_celery(settings)
-    app.conf.broker_pool_limit = 8
+        client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: Any) -> None:
+    sessions, store, app = base_registry
     with sessions() as session:  # the seed as the active version, then a newer one that passes validation
         seed = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
                                 directory=ROOT / "checkpoints" / "base", variant="base")
