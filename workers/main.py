@@ -23,6 +23,7 @@ from yue2_jobs.queue import make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
 
 log = logging.getLogger("yue2.worker")
+REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this old (a swap reports at once)
 
 
 def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Any:
@@ -62,6 +63,7 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
     from workers.swap import install as install_swap_commands
+    from workers.swap import report as report_status
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -94,6 +96,16 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         with sessions() as session:
             renew_leases(session, claims=claims, lease_s=settings.lease_s)
 
+    def report_loop() -> None:  # its own thread: runs while the main thread decodes
+        while not stop.is_set():
+            try:
+                with sessions() as session:
+                    report_status(session, ctx, name=node)
+            except Exception:
+                log.exception("could not report this worker's status")
+            ctx.report_now.wait(REPORT_INTERVAL_S)
+            ctx.report_now.clear()
+
     def sample() -> None:
         assert ctx.metrics is not None
         ctx.metrics.queue_depth.labels(node, "broker").set(queue_depth(settings, variant))
@@ -114,6 +126,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
 
     _every(settings.lease_s / 3, stop, heartbeat, "lease-heartbeat")
     _every(5.0, stop, sample, "metrics-sampler")
+    threading.Thread(target=report_loop, name="status-report", daemon=True).start()
     if reconcile:
         _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
     try:

@@ -21,6 +21,19 @@ from celery.worker.control import control_command
 log = logging.getLogger("yue2.swap")
 
 
+def report(session: Any, ctx: Any, *, name: str) -> None:
+    """Write this worker's row in `worker_processes` (what the watchdog reads)."""
+    from yue2_jobs.db.models import WorkerProcess
+    from yue2_jobs.db.session import utcnow
+
+    swap = dict(ctx.swap_status)
+    session.merge(WorkerProcess(name=name, variant=ctx.runner.variant, checkpoint=ctx.runner.checkpoint,
+                                weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(),
+                                swap_version=swap.get("version"), swap_state=swap.get("state"),
+                                swap_error=swap.get("error"), heartbeat_at=utcnow()))
+    session.commit()
+
+
 def current_status(ctx: Any) -> dict[str, Any]:
     return {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256, "pid": os.getpid(),
             "swap": dict(ctx.swap_status)}
@@ -35,10 +48,12 @@ def load_and_swap(ctx: Any, *, version: str, directory_for: Any) -> None:
     except Exception as exc:
         log.exception("loading %s@%s failed; %s keeps serving", old.variant, version, old.checkpoint)
         ctx.swap_status.update(state="failed", error=f"{type(exc).__name__}: {exc}")
+        ctx.report_now.set()
         return
     with ctx.swap_lock:  # waits for the micro-batch in progress
         ctx.runner = new
     ctx.swap_status.update(state="serving")
+    ctx.report_now.set()
     ctx.metrics.checkpoint_event("swap", new.checkpoint)
     log.info("swapped %s -> %s", old.checkpoint, new.checkpoint)
     del old

@@ -57,6 +57,7 @@ class WorkerContext:
     # replace `runner`, so the switch falls between micro-batches (workers.swap).
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
     swap_status: dict[str, Any] = field(default_factory=dict)
+    report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
 
     def __post_init__(self) -> None:
         if self.uploader is None:

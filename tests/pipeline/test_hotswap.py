@@ -18,7 +18,7 @@ from sqlalchemy import delete
 from tests.pipeline.conftest import ROOT, wait_for
 from tests.pipeline.test_e2e import batch_jobs, submit, wait_batch, write_batch
 from yue2_jobs.checkpoints import registry
-from yue2_jobs.checkpoints.watchdog import run_pass, worker_versions
+from yue2_jobs.checkpoints.watchdog import live_workers, run_pass
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, JobStatus
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint_dir
@@ -40,12 +40,20 @@ def base_registry(settings: Any) -> Iterator[tuple[Any, Any, Any]]:
                   ignore_errors=True)
 
 
+def reported(sessions: Any) -> dict[str, Any]:
+    """Each live base worker's own report (its row in worker_processes), by node name."""
+    with sessions() as session:
+        return {w.name: {"checkpoint": w.checkpoint, "pid": w.pid, "weights_sha256": w.weights_sha256,
+                         "swap": {"state": w.swap_state, "version": w.swap_version}}
+                for w in live_workers(session, "base")}
+
+
 def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
         client: Any, workers: Any, settings: Any, eval_texts: list[str], tmp_path: Path, base_registry: Any) -> None:
     sessions, store, app = base_registry
     worker = workers(YUE2_BATCH_MAX_JOBS="1")  # one message (32 jobs) per micro-batch: many swap points
-    wait_for(lambda: worker_versions(app), timeout=120, what="the worker to answer remote control")
-    (name, before), = worker_versions(app).items()
+    wait_for(lambda: reported(sessions), timeout=120, what="the worker to report")
+    (name, before), = reported(sessions).items()
     assert before["checkpoint"].startswith("base@")
 
     write_batch(tmp_path / "a.jsonl", (eval_texts * 2)[:320], prefix="a")
@@ -60,7 +68,7 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
     done = run_pass(settings, sessions, store, app)
     t_served = time.monotonic() - t_publish
     assert done["base"]["activated"] == [new.version] and done["base"]["swapped"] == [name], done
-    after = worker_versions(app)[name]
+    after = reported(sessions)[name]
     assert after["checkpoint"] == f"base@{new.version}" and after["pid"] == before["pid"]  # no restart
     assert after["weights_sha256"] == verify_checkpoint_dir(retrained)["model.safetensors"]["sha256"]
 
@@ -94,18 +102,18 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
     with sessions() as session:
         assert registry.get(session, variant="base", version=bad.version).state == CheckpointState.FAILED
         assert registry.active(session, "base").version == new.version
-    assert worker_versions(app)[name]["checkpoint"] == new_ck
+    assert reported(sessions)[name]["checkpoint"] == new_ck
 
     # The seed checkpoint published as a version, then a rollback: each pass swaps the worker, same pid.
     with sessions() as session:
         seed = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
                                 directory=ROOT / "checkpoints" / "base", variant="base")
     run_pass(settings, sessions, store, app)
-    assert worker_versions(app)[name]["checkpoint"] == f"base@{seed.version}"
+    assert reported(sessions)[name]["checkpoint"] == f"base@{seed.version}"
     with sessions() as session:
         assert registry.rollback(session, "base").version == new.version
     run_pass(settings, sessions, store, app)
-    final = worker_versions(app)[name]
+    final = reported(sessions)[name]
     assert final["checkpoint"] == new_ck and final["pid"] == before["pid"]
 
 
@@ -117,8 +125,8 @@ def test_a_worker_that_cannot_load_keeps_serving_and_the_version_is_rolled_back(
                                 directory=ROOT / "checkpoints" / "base", variant="base")
     run_pass(settings, sessions, store, app)
     workers()
-    wait_for(lambda: worker_versions(app), timeout=120, what="the worker to answer remote control")
-    (name, before), = worker_versions(app).items()
+    wait_for(lambda: reported(sessions), timeout=120, what="the worker to report")
+    (name, before), = reported(sessions).items()
     assert before["checkpoint"] == f"base@{seed.version}"
     with sessions() as session:
         new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
@@ -136,7 +144,7 @@ def test_a_worker_that_cannot_load_keeps_serving_and_the_version_is_rolled_back(
         failed = registry.get(session, variant="base", version=new.version)
         assert failed.state == CheckpointState.FAILED and f"worker load failed on {name}" in failed.error
         assert registry.active(session, "base").version == seed.version
-    after = worker_versions(app)[name]
+    after = reported(sessions)[name]
     assert after["checkpoint"] == before["checkpoint"] and after["pid"] == before["pid"]
     assert after["swap"]["state"] == "failed"
     write_batch(tmp_path / "in.jsonl", eval_texts[:40])

@@ -5,8 +5,9 @@ Each pass, for every configured variant:
 1. **discover**: versions in the store whose manifest is complete (a half-uploaded one has none
    yet) and that the registry lacks are registered `staged`;
 2. **validate** staged versions, oldest first (`validate.py`); each that passes becomes active;
-3. **converge**: every worker of the variant that serves another version is told to swap
-   (`workers/swap.py`), one worker at a time, each confirmed before the next. If a worker
+3. **converge**: every live worker of the variant (its row in `worker_processes`, which a thread
+   of the worker refreshes even while it decodes) that serves another version is told to swap
+   (`workers/swap.py`), one worker at a time, each confirmed by its row before the next. If a worker
    cannot load the version, it keeps serving the old one, the version is marked `failed` and the
    previous version is re-activated, so the next pass brings any swapped worker back.
 
@@ -21,6 +22,7 @@ import hashlib
 import logging
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,12 @@ from sqlalchemy import select
 
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import validate_version
-from yue2_jobs.db.models import CheckpointState, CheckpointVersion
+from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
+from yue2_jobs.db.session import utcnow
 
 log = logging.getLogger("yue2.watchdog")
+LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
+RESEND_S = 10.0
 
 
 def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[str]:
@@ -44,42 +49,53 @@ def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[
 
 
 def worker_versions(app: Any, *, timeout: float = 2.0, destination: list[str] | None = None) -> dict[str, Any]:
+    """Remote-control view of the workers that answer within `timeout` (idle ones; a busy solo
+    worker answers only between micro-batches). The watchdog itself reads `worker_processes`."""
     replies = app.control.broadcast("yue2_version", reply=True, timeout=timeout, destination=destination) or []
     return {name: info for reply in replies for name, info in reply.items()}
 
 
-def swap_worker(app: Any, name: str, *, variant: str, version: str, timeout_s: float) -> str | None:
-    """Tell one worker to serve `variant@version`; wait for it. None when it serves it, else the error."""
-    app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version}, destination=[name],
-                          reply=True, timeout=5.0)
-    deadline = time.monotonic() + timeout_s
+def live_workers(session: Any, variant: str, *, within_s: float = LIVE_WITHIN_S) -> list[WorkerProcess]:
+    """Workers of `variant` whose status report is recent (their reporter thread runs while they decode)."""
+    since = utcnow() - timedelta(seconds=within_s)
+    return list(session.execute(select(WorkerProcess).where(
+        WorkerProcess.variant == variant, WorkerProcess.heartbeat_at >= since).order_by(WorkerProcess.name)).scalars())
+
+
+def swap_worker(session: Any, app: Any, name: str, *, variant: str, version: str, timeout_s: float) -> str | None:
+    """Tell one worker to serve `variant@version` and wait for its report. None when it serves
+    it, else the reason it does not."""
+    want, deadline, sent = f"{variant}@{version}", time.monotonic() + timeout_s, 0.0
     while time.monotonic() < deadline:
-        info = worker_versions(app, destination=[name], timeout=1.0).get(name)
-        if info is not None:
-            if info["checkpoint"] == f"{variant}@{version}":
-                return None
-            swap = info.get("swap", {})
-            if swap.get("version") == version and swap.get("state") == "failed":
-                return swap.get("error") or "load failed"
-            if swap.get("version") != version:  # the command was lost (busy worker): ask again
-                app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version},
-                                      destination=[name], reply=True, timeout=1.0)
-        time.sleep(0.5)  # a busy worker answers only between micro-batches: poll its state
-    return f"{name} did not serve {variant}@{version} within {timeout_s:.0f}s"
+        session.expire_all()
+        row = session.get(WorkerProcess, name)
+        if row is None:
+            return f"{name} is gone"
+        if row.checkpoint == want:
+            return None
+        if row.swap_version == version and row.swap_state == "failed":
+            return row.swap_error or "load failed"
+        if row.swap_version != version and time.monotonic() - sent >= RESEND_S:
+            # Remote control reaches a busy worker after its micro-batch; asking again is harmless
+            # (a worker already loading or serving the version ignores it), and covers a lost message.
+            app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version}, destination=[name])
+            sent = time.monotonic()
+        time.sleep(0.5)  # the worker reports a finished swap at once; poll its row
+    return f"{name} did not serve {want} within {timeout_s:.0f}s"
 
 
 def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float) -> list[str]:
-    """Swap the workers of `variant` to its active version, one at a time; returns the swapped ones."""
+    """Swap the live workers of `variant` to its active version, one at a time; returns the swapped ones."""
     target = registry.active(session, variant)
     if target is None:
         return []
     want = f"{variant}@{target.version}"
     swapped = []
-    for name, info in sorted(worker_versions(app).items()):
-        if not info["checkpoint"].startswith(variant + "@") or info["checkpoint"] == want:
+    for worker in live_workers(session, variant):
+        if worker.checkpoint == want:
             continue
-        t0 = time.monotonic()
-        error = swap_worker(app, name, variant=variant, version=target.version, timeout_s=swap_timeout_s)
+        name, t0 = worker.name, time.monotonic()
+        error = swap_worker(session, app, name, variant=variant, version=target.version, timeout_s=swap_timeout_s)
         if error is not None:
             log.error("%s could not load %s: %s; marking it failed and rolling back", name, want, error)
             registry.finish_validation(session, target, error=f"worker load failed on {name}: {error}")

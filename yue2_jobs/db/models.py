@@ -164,3 +164,22 @@ class CheckpointVersion(Base):
     validated_at: Mapped[datetime | None]
     activated_at: Mapped[datetime | None]
     retired_at: Mapped[datetime | None]
+
+
+class WorkerProcess(Base):
+    """What each worker process serves, written by its heartbeat thread (which runs while the
+    process decodes, unlike Celery's remote control): how the watchdog finds the workers of a
+    variant and sees a swap finish."""
+
+    __tablename__ = "worker_processes"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # the Celery node name
+    variant: Mapped[str] = mapped_column(String(64), index=True)
+    checkpoint: Mapped[str] = mapped_column(String(128))
+    weights_sha256: Mapped[str | None] = mapped_column(String(64))
+    pid: Mapped[int] = mapped_column(Integer)
+    swap_version: Mapped[str | None] = mapped_column(String(64))
+    swap_state: Mapped[str | None] = mapped_column(String(16))  # loading | serving | failed
+    swap_error: Mapped[str | None] = mapped_column(Text)
+    heartbeat_at: Mapped[datetime]
+
