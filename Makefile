@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-pipeline bench-continuous bench-legal api worker flower migrate data checkpoints drafters eval clean
+.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-legal api worker flower migrate data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m yue2_jobs demo
 
+# A/B: base vs legal, paired, on both eval sets, on the embedded pipeline; writes
+# benchmarks/results/ab_report.{json,html} (about 2 minutes).
+ab-demo: $(STAMP)
+	$(PY) -m yue2_jobs ab demo --out benchmarks/results
+
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
@@ -28,12 +33,19 @@ lint: $(STAMP)
 # our `ar` loop against HF generate on identical weights.
 # Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
 # bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
-# Then static vs continuous batching on outputs of 8 to 256 tokens (about 2 minutes).
+# Then static vs continuous batching on outputs of 8 to 256 tokens (about 2 minutes), then a hot swap
+# under load (about 2 minutes).
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
 	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
 	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
+	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
+
+# A new legal version published under a steady load of 1,200 jobs on 2 worker processes: failed and
+# lost jobs, jobs per version, pids, publish -> all workers serving (about 2 minutes; Postgres, Redis).
+bench-hotswap: $(STAMP)
+	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
 
 bench-continuous: $(STAMP)
 	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json

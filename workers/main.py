@@ -64,6 +64,7 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
     from workers.swap import install as install_swap_commands
     from workers.swap import report as report_status
+    from workers.swap import withdraw
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -134,3 +135,8 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
                          "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--task-events"])
     finally:
         stop.set()
+        try:
+            with sessions() as session:
+                withdraw(session, name=node)
+        except Exception:  # the row goes stale on its own (watchdog.LIVE_WITHIN_S)
+            log.exception("could not withdraw this worker's status row")

@@ -34,6 +34,16 @@ def report(session: Any, ctx: Any, *, name: str) -> None:
     session.commit()
 
 
+def withdraw(session: Any, *, name: str) -> None:
+    """Remove this process's row on a clean exit, so the watchdog never waits on a worker that is gone."""
+    from sqlalchemy import delete
+
+    from yue2_jobs.db.models import WorkerProcess
+
+    session.execute(delete(WorkerProcess).where(WorkerProcess.name == name, WorkerProcess.pid == os.getpid()))
+    session.commit()
+
+
 def current_status(ctx: Any) -> dict[str, Any]:
     return {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256, "pid": os.getpid(),
             "swap": dict(ctx.swap_status)}

@@ -7,17 +7,29 @@ processes with their own client; a local directory needs no such thing and uses 
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import signal
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.storage import Storage, storage_from_url
 
 _storage: Storage | None = None
+PR_SET_PDEATHSIG = 1
 
 
 def _init(url: str, endpoint_url: str | None, region: str) -> None:
     global _storage
+    # A SIGTERM sent to the whole process group (systemd's default, `kill -- -PGID`) must not kill
+    # the helpers under a worker's warm shutdown: they finish the batch's PUTs and exit when the
+    # worker shuts the pool down, or with the worker if it dies.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:  # not Linux
+        pass
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
 
 

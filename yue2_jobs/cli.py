@@ -165,7 +165,7 @@ def _cmd_submit(args: argparse.Namespace) -> None:
     client = _client(args)
     with tqdm(total=path.stat().st_size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
         f = client.upload(path, progress=bar.update)
-    batch = client.create_batch(f["id"], endpoint=args.endpoint)
+    batch = client.create_batch(f["id"], endpoint=args.endpoint, experiment_id=args.experiment)
     print(batch["id"])
     print(f"{batch['request_counts']['total']} requests, status {batch['status']}", file=sys.stderr)
 
@@ -232,8 +232,10 @@ def _add_pipeline_commands(sub: Any) -> None:
         p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
 
     from yue2_jobs.checkpoints.cli import add_parser as add_checkpoints_parser
+    from yue2_jobs.experiments.cli import add_parser as add_ab_parser
 
     add_checkpoints_parser(sub)
+    add_ab_parser(sub, client_args)
     p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
     p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
     p.set_defaults(func=_cmd_migrate)
@@ -269,6 +271,7 @@ def _add_pipeline_commands(sub: Any) -> None:
     p = sub.add_parser("submit", help="upload a JSONL file and start a batch on it; prints the batch id")
     p.add_argument("file")
     p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate"])
+    p.add_argument("--experiment", default=None, help="an experiment id (`yue2 ab create`): it assigns the variants")
     client_args(p)
     p.set_defaults(func=_cmd_submit)
     for name, func, text in (("status", _cmd_status, "show a job or batch"),

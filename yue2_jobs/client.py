@@ -56,9 +56,23 @@ class Client:
         return self._json(response)
 
     def create_batch(self, input_file_id: str, *, endpoint: str = "/v1/summarize",
-                     metadata: dict[str, str] | None = None) -> dict[str, Any]:
+                     metadata: dict[str, str] | None = None, experiment_id: str | None = None) -> dict[str, Any]:
         return self._json(self.http.post("/v1/batches", json={"input_file_id": input_file_id, "endpoint": endpoint,
-                                                              "completion_window": "24h", "metadata": metadata}))
+                                                              "completion_window": "24h", "metadata": metadata,
+                                                              "experiment_id": experiment_id}))
+
+    def create_experiment(self, *, variants: list[dict[str, Any]], mode: str = "split", name: str = ""
+                          ) -> dict[str, Any]:
+        return self._json(self.http.post("/v1/experiments", json={"name": name, "mode": mode, "variants": variants}))
+
+    def experiment_report(self, experiment_id: str) -> dict[str, Any]:
+        return self._json(self.http.get(f"/v1/experiments/{experiment_id}/report"))
+
+    def experiment_report_html(self, experiment_id: str) -> str:
+        response = self.http.get(f"/v1/experiments/{experiment_id}/report", params={"format": "html"})
+        if response.status_code >= 400:
+            self._json(response)
+        return response.text
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/batches/{batch_id}"))

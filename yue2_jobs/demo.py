@@ -48,6 +48,34 @@ def _start_api(settings: Settings) -> tuple[object, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
+def embedded_env(home: Path, **extra: str) -> dict[str, str]:
+    """This process's environment with the embedded-mode settings under `home` (and `extra`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
+    env.update(YUE2_HOME=str(home), YUE2_BATCH_MAX_JOBS="32", YUE2_BATCH_FLUSH_MS="50", **extra)
+    return env
+
+
+def start_worker(env: dict[str, str], *, variant: str, home: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists)."""
+    ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", "--variant", variant], cwd=ROOT,
+                            env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)
+    while not ready.exists():  # the worker imports torch and loads the checkpoint first
+        if proc.poll() is not None:
+            raise SystemExit(f"demo: the {variant} worker exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc, log
+
+
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)  # warm shutdown
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main(*, items: int = 200, keep: bool = False) -> None:
     from yue2_jobs.auth import create_api_key
     from yue2_jobs.client import Client
@@ -57,10 +85,7 @@ def main(*, items: int = 200, keep: bool = False) -> None:
 
     t_start = time.perf_counter()
     home = Path(tempfile.mkdtemp(prefix="yue2-demo-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
-    ready = home / "worker.ready"
-    env.update(YUE2_HOME=str(home), YUE2_BATCH_MAX_JOBS="32", YUE2_BATCH_FLUSH_MS="50",
-               YUE2_WORKER_READY_FILE=str(ready))
+    env = embedded_env(home)
     os.environ.update(env)
     settings = Settings()
     print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
@@ -68,15 +93,9 @@ def main(*, items: int = 200, keep: bool = False) -> None:
     with session_factory(settings.resolved_database_url)() as session:
         key = create_api_key(session, tenant="demo")
     server, url = _start_api(settings)
-    worker_log = home / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", "--variant", "base"], cwd=ROOT, env=env,
-                              stdout=worker_log.open("wb"), stderr=subprocess.STDOUT)
+    worker, worker_log = start_worker(env, variant="base", home=home)
     try:
-        while not ready.exists():  # the worker imports torch and loads the checkpoint first
-            if worker.poll() is not None:
-                raise SystemExit(f"demo: the worker exited ({worker.returncode}):\n{worker_log.read_text()[-2000:]}")
-            time.sleep(0.1)
-        print(f"worker {ready.read_text()} ready {time.perf_counter() - t_start:.1f}s after start")
+        print(f"worker pid {worker.pid} ready {time.perf_counter() - t_start:.1f}s after start")
         rows = read_split(ROOT / "data", "general", "eval") + read_split(ROOT / "data", "legal", "eval")
         rows = rows[:items]
         batch_file = home / "batch.jsonl"
@@ -125,11 +144,7 @@ def main(*, items: int = 200, keep: bool = False) -> None:
         if counts["failed"] or state["status"] != "completed":
             raise SystemExit(f"demo: batch ended {state['status']} with {counts['failed']} failed requests")
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        stop_worker(worker)
         server.should_exit = True  # type: ignore[attr-defined]
         if not keep:
             shutil.rmtree(home, ignore_errors=True)

@@ -86,3 +86,7 @@ class StorageUnavailableError(StorageError):
 
 class JobExecutionError(PipelineError):
     """Raised when one job cannot be run (unreadable input, decoding error); it fails alone."""
+
+
+class WorkerGoneError(PipelineError):
+    """Raised when a worker the watchdog is swapping stops reporting (it exited or died): it is skipped."""

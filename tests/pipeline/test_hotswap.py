@@ -5,6 +5,7 @@ a bad version is rejected while the active one keeps serving."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -40,12 +41,21 @@ def base_registry(settings: Any) -> Iterator[tuple[Any, Any, Any]]:
                   ignore_errors=True)
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def reported(sessions: Any) -> dict[str, Any]:
-    """Each live base worker's own report (its row in worker_processes), by node name."""
+    """Each live base worker's own report (its row in worker_processes), by node name; a row a
+    killed worker of an earlier test left (stale within the liveness window) is skipped."""
     with sessions() as session:
         return {w.name: {"checkpoint": w.checkpoint, "pid": w.pid, "weights_sha256": w.weights_sha256,
                          "swap": {"state": w.swap_state, "version": w.swap_version}}
-                for w in live_workers(session, "base")}
+                for w in live_workers(session, "base") if _running(w.pid)}
 
 
 def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(

@@ -14,7 +14,8 @@ from tests.pipeline.conftest import temporary_pg_database
 from yue2_jobs.db.migrate import alembic_config, upgrade_head
 from yue2_jobs.db.models import Base
 
-TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "files", "jobs", "worker_processes"}
+TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "experiments", "files", "jobs",
+          "worker_processes"}
 
 
 def check_round_trip(url: str) -> None:

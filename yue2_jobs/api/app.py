@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from yue2_jobs.api.deps import AppState
 from yue2_jobs.api.job_reader import JobReader
-from yue2_jobs.api.routes import batches, jobs
+from yue2_jobs.api.routes import batches, experiments, jobs
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import session_factory
@@ -171,4 +171,5 @@ def create_app(settings: Settings) -> FastAPI:
 
     app.include_router(jobs.router)
     app.include_router(batches.router)
+    app.include_router(experiments.router)
     return app

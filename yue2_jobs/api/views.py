@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from yue2_jobs.db.models import Batch, File, Job, JobStatus
+from yue2_jobs.db.models import Batch, Experiment, File, Job, JobStatus
 from yue2_jobs.jobs.service import request_counts
 from yue2_jobs.storage import Storage
 
@@ -52,9 +52,15 @@ def batch_view(b: Batch, session: Session) -> dict[str, Any]:
         "failed_at": ts(b.failed_at), "expired_at": None, "cancelling_at": ts(b.cancelling_at),
         "cancelled_at": ts(b.cancelled_at),
         "request_counts": {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]},
-        "metadata": b.metadata_,
+        "metadata": b.metadata_, "experiment_id": b.experiment_id,
     }
 
 
 def dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode()
+
+
+def experiment_view(exp: Experiment) -> dict[str, Any]:
+    return {"id": exp.id, "object": "yue2.experiment", "name": exp.name, "mode": exp.mode,
+            "variants": exp.arms["variants"], "control": exp.arms["variants"][0]["variant"],
+            "created_at": ts(exp.created_at)}

@@ -32,6 +32,7 @@ from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import validate_version
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
+from yue2_jobs.errors import WorkerGoneError
 
 log = logging.getLogger("yue2.watchdog")
 LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
@@ -68,9 +69,11 @@ def swap_worker(session: Any, app: Any, name: str, *, variant: str, version: str
     want, deadline, sent = f"{variant}@{version}", time.monotonic() + timeout_s, 0.0
     while time.monotonic() < deadline:
         session.expire_all()
-        row = session.get(WorkerProcess, name)
+        since = utcnow() - timedelta(seconds=LIVE_WITHIN_S)
+        row = session.execute(select(WorkerProcess).where(WorkerProcess.name == name,
+                                                          WorkerProcess.heartbeat_at >= since)).scalar_one_or_none()
         if row is None:
-            return f"{name} is gone"
+            raise WorkerGoneError(f"{name} stopped reporting")  # stopped or died: nothing to swap (a restart loads the active version)
         if row.checkpoint == want:
             return None
         if row.swap_version == version and row.swap_state == "failed":
@@ -95,7 +98,12 @@ def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float) -> 
         if worker.checkpoint == want:
             continue
         name, t0 = worker.name, time.monotonic()
-        error = swap_worker(session, app, name, variant=variant, version=target.version, timeout_s=swap_timeout_s)
+        try:
+            error = swap_worker(session, app, name, variant=variant, version=target.version,
+                                timeout_s=swap_timeout_s)
+        except WorkerGoneError:
+            log.warning("%s is gone; skipping it", name)
+            continue
         if error is not None:
             log.error("%s could not load %s: %s; marking it failed and rolling back", name, want, error)
             registry.finish_validation(session, target, error=f"worker load failed on {name}: {error}")

@@ -91,12 +91,14 @@ class Batch(Base):
     cancelling_at: Mapped[datetime | None]
     cancelled_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
+    experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
 
 
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
-        UniqueConstraint("batch_id", "custom_id", name="uq_jobs_batch_custom_id"),
+        # A paired experiment runs each custom_id once per variant.
+        UniqueConstraint("batch_id", "custom_id", "variant", name="uq_jobs_batch_custom_id_variant"),
         Index("ix_jobs_batch_status", "batch_id", "status"),
         Index("ix_jobs_status_enqueued", "status", "enqueued_at"),
     )
@@ -128,6 +130,8 @@ class Job(Base):
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     decoder_steps: Mapped[int | None] = mapped_column(Integer)
     nar_tokens: Mapped[int | None] = mapped_column(Integer)
+    experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
+    reference: Mapped[str | None] = mapped_column(Text)  # a batch line's reference summary, for ROUGE in reports
 
 
 class CheckpointState(StrEnum):
@@ -183,3 +187,22 @@ class WorkerProcess(Base):
     swap_error: Mapped[str | None] = mapped_column(Text)
     heartbeat_at: Mapped[datetime]
 
+
+class ExperimentMode(StrEnum):
+    """`split`: each request runs on one variant (hash of its custom_id); `paired`: on every variant."""
+
+    SPLIT = "split"
+    PAIRED = "paired"
+
+
+class Experiment(Base):
+    """An A/B experiment: batches created under it have their variants assigned by it."""
+
+    __tablename__ = "experiments"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    mode: Mapped[str] = mapped_column(String(16))
+    arms: Mapped[dict[str, Any]]  # {"variants": [{"variant": "base", "weight": 1.0}, ...]}; the first is control
+    created_at: Mapped[datetime]

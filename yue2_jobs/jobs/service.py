@@ -103,11 +103,30 @@ class ParsedLine:
     custom_id: str
     job: ValidatedJob | None
     error: InvalidRequestError | None
+    reference: str | None = None
 
 
-def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings) -> list[ParsedLine]:
+def _line_reference(line: dict[str, Any], *, n: int, settings: Settings, in_experiment: bool) -> str | None:
+    """A line's optional `reference` (the expected output, for ROUGE in experiment reports)."""
+    if in_experiment and isinstance(line.get("body"), dict) and line["body"].get("variant") is not None:
+        raise InvalidRequestError(f"line {n}: body.variant is not allowed in a batch under an experiment; "
+                                  "the experiment assigns the variants", field="body.variant")
+    ref = line.get("reference")
+    if ref is None:
+        return None
+    if not isinstance(ref, str):
+        raise InvalidRequestError(f"line {n}: reference must be a string", field="reference")
+    if len(ref) > settings.max_input_chars:
+        raise LimitExceededError(field="reference", limit=settings.max_input_chars, actual=len(ref),
+                                 unit="characters")
+    return ref
+
+
+def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_experiment: bool = False
+                     ) -> list[ParsedLine]:
     """Structural errors (bad JSON, missing or duplicate custom_id, wrong url, too many lines) reject
-    the whole batch at create time; a line whose body breaks a rule becomes that line's error."""
+    the whole batch at create time; a line whose body (or reference) breaks a rule becomes that
+    line's error."""
     kind = ENDPOINTS[endpoint]
     lines = [ln for ln in data.splitlines() if ln.strip()]
     if not lines:
@@ -136,42 +155,64 @@ def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings) -> list[
             raise InvalidRequestError(f"line {n}: every request must be POST {endpoint}, the batch's endpoint",
                                       field=f"line {n}.url", status=400)
         try:
+            reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
             job = validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body.")
             job.custom_id = custom_id
-            out.append(ParsedLine(custom_id, job, None))
+            out.append(ParsedLine(custom_id, job, None, reference))
         except InvalidRequestError as exc:
             out.append(ParsedLine(custom_id, None, exc))
     return out
 
 
 def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
-                 metadata: dict[str, Any] | None, settings: Settings, storage: Storage) -> tuple[Batch, list[tuple]]:
-    """Insert the batch and its jobs in one transaction; returns the batch and the (job, variant) to enqueue."""
+                 metadata: dict[str, Any] | None, settings: Settings, storage: Storage,
+                 experiment_id: str | None = None) -> tuple[Batch, list[tuple]]:
+    """Insert the batch and its jobs in one transaction; returns the batch and the (job, variant) to enqueue.
+
+    Under an experiment, each line becomes one job (`split`) or one job per variant (`paired`),
+    on the variants the experiment assigns (`yue2_jobs.experiments.service`).
+    """
+    from yue2_jobs.experiments.service import get_experiment, variants_for
+
     if endpoint not in ENDPOINTS:
         raise InvalidRequestError(f"endpoint {endpoint!r} is not supported; use one of {sorted(ENDPOINTS)}",
                                   field="endpoint", status=400)
     if completion_window != "24h":
         raise InvalidRequestError("completion_window must be '24h'", field="completion_window", status=400)
+    exp = get_experiment(session, tenant=tenant, experiment_id=experiment_id) if experiment_id else None
     f = get_file(session, tenant=tenant, file_id=input_file_id)
-    parsed = parse_batch_file(storage.get(f.storage_key), endpoint=endpoint, settings=settings)
+    parsed = parse_batch_file(storage.get(f.storage_key), endpoint=endpoint, settings=settings,
+                              in_experiment=exp is not None)
+    per_line = len(variants_for(exp, "")) if exp else 1
+    if len(parsed) * per_line > settings.max_batch_items:
+        raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items,
+                                 actual=len(parsed) * per_line, unit="jobs (requests x variants)", status=400)
     now = utcnow()
     batch = Batch(id=new_id("batch_"), tenant=tenant, input_file_id=f.id, endpoint=endpoint,
                   completion_window=completion_window, status=BatchStatus.IN_PROGRESS, metadata_=metadata,
-                  total=len(parsed), created_at=now, in_progress_at=now, expires_at=now + timedelta(hours=24))
+                  created_at=now, in_progress_at=now, expires_at=now + timedelta(hours=24),
+                  experiment_id=exp.id if exp else None)
     session.add(batch)
     session.flush()
     rows = []
     for line in parsed:
-        if line.job is not None:
-            rows.append(_job_row(line.job, tenant=tenant, batch_id=batch.id, settings=settings, storage=storage,
-                                 now=now))
-        else:
-            assert line.error is not None
-            rows.append(dict(id=new_id("job_"), tenant=tenant, batch_id=batch.id, custom_id=line.custom_id,
-                             kind=ENDPOINTS[endpoint], status=JobStatus.FAILED, variant=settings.default_variant,
-                             params={}, attempts=0, created_at=now, finished_at=now,
-                             error={"code": line.error.code, "message": str(line.error),
-                                    "param": line.error.field, "status_code": line.error.status}))
+        variants = variants_for(exp, line.custom_id) if exp else [None]
+        for variant in variants:
+            if line.job is not None:
+                row = _job_row(line.job, tenant=tenant, batch_id=batch.id, settings=settings, storage=storage,
+                               now=now)
+            else:
+                assert line.error is not None
+                row = dict(id=new_id("job_"), tenant=tenant, batch_id=batch.id, custom_id=line.custom_id,
+                           kind=ENDPOINTS[endpoint], status=JobStatus.FAILED, variant=settings.default_variant,
+                           params={}, attempts=0, created_at=now, finished_at=now,
+                           error={"code": line.error.code, "message": str(line.error),
+                                  "param": line.error.field, "status_code": line.error.status})
+            row.update(experiment_id=batch.experiment_id, reference=line.reference)
+            if variant is not None:
+                row["variant"] = variant
+            rows.append(row)
+    batch.total = len(rows)
     for start in range(0, len(rows), 5000):
         session.execute(insert(Job), rows[start:start + 5000])
     session.commit()

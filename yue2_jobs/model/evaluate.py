@@ -1,55 +1,19 @@
-"""ROUGE evaluation of a checkpoint on a held-out split.
-
-rouge-score's default tokenizer keeps only [a-z0-9] runs, so Chinese text would score 0;
-`CjkAwareTokenizer` makes every CJK character a token and keeps Unicode word runs.
-"""
+"""ROUGE evaluation of a checkpoint on a held-out split (the scoring itself: `yue2_jobs.rouge`)."""
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rouge_score import rouge_scorer
 from transformers import PreTrainedTokenizerBase
 
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import SequenceStats
+from yue2_jobs.rouge import CjkAwareTokenizer, RougeResult, rouge
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
-
-
-class CjkAwareTokenizer:
-    """Lower-cases; one token per CJK character, one per run of other word characters."""
-
-    def tokenize(self, text: str) -> list[str]:
-        return _TOKEN.findall(text.lower())
-
-
-@dataclass(frozen=True)
-class RougeResult:
-    rouge1: float
-    rouge2: float
-    rougeL: float
-    count: int
-    distinct: float = 1.0  # share of unique predictions: low means outputs ignore the input
-
-
-def rouge(predictions: list[str], references: list[str]) -> RougeResult:
-    """Mean ROUGE-1/2/L F1 (0..1) over aligned prediction/reference pairs."""
-    if len(predictions) != len(references) or not predictions:
-        raise ValueError(f"need equally many predictions and references, got {len(predictions)} and {len(references)}")
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=CjkAwareTokenizer())
-    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
-    for pred, ref in zip(predictions, references, strict=True):
-        for key, score in scorer.score(ref, pred).items():
-            totals[key] += score.fmeasure
-    n = len(predictions)
-    return RougeResult(totals["rouge1"] / n, totals["rouge2"] / n, totals["rougeL"] / n, n, len(set(predictions)) / n)
+__all__ = ["CjkAwareTokenizer", "RougeResult", "evaluate_checkpoint", "rouge", "summarize"]
 
 
 @torch.inference_mode()

@@ -44,6 +44,8 @@ class BatchCreate(BaseModel):
     endpoint: str
     completion_window: str = "24h"
     metadata: dict[str, str] | None = Field(None, max_length=16)
+    # An A/B experiment assigns the lines' variants; `metadata.experiment_id` works too (the openai client).
+    experiment_id: str | None = Field(None, max_length=64)
 
 
 @router.post("/batches")
@@ -52,7 +54,7 @@ def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant:
     batch, to_enqueue = service.create_batch(
         session, tenant=tenant, input_file_id=req.input_file_id, endpoint=req.endpoint,
         completion_window=req.completion_window, metadata=req.metadata, settings=state.settings,
-        storage=state.storage)
+        storage=state.storage, experiment_id=req.experiment_id or (req.metadata or {}).get("experiment_id"))
     enqueue_later(background, state, to_enqueue)
     if not to_enqueue:  # every line was rejected: nothing will run, so finish it now
         try_finalize(session, batch_id=batch.id, storage=state.storage)

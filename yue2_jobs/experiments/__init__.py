@@ -1,0 +1,1 @@
+"""A/B experiments: variants assigned to batch requests (`service`), compared with confidence intervals (`report`)."""

@@ -1,0 +1,78 @@
+"""`make ab-demo` / `yue2 ab demo`: `base` vs `legal`, paired, over both eval sets, on the embedded
+pipeline (SQLite, filesystem queue, local storage: no servers).
+
+Starts the API and one worker per variant, creates a paired experiment, submits each eval set as
+a batch under it (the references ride along in each line's `reference`), waits, and prints the
+report; writes the JSON and the HTML report (with plots) to --out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from yue2_jobs.core.config import ROOT, Settings
+from yue2_jobs.demo import _start_api, embedded_env, start_worker, stop_worker
+
+VARIANTS = ("base", "legal")
+CORPORA = ("legal", "general")
+
+
+def main(*, items: int | None, out: Path) -> None:
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.client import Client
+    from yue2_jobs.db.migrate import upgrade_head
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.experiments.cli import format_report
+    from yue2_jobs.model.data import read_split
+
+    home = Path(tempfile.mkdtemp(prefix="yue2-ab-"))
+    env = embedded_env(home)
+    os.environ.update(env)
+    settings = Settings()
+    upgrade_head(settings.resolved_database_url)
+    with session_factory(settings.resolved_database_url)() as session:
+        key = create_api_key(session, tenant="ab-demo")
+    server, url = _start_api(settings)
+    procs = []
+    try:
+        for variant in VARIANTS:
+            procs.append(start_worker(env, variant=variant, home=home)[0])
+        client = Client(url, key)
+        exp = client.create_experiment(name="base vs legal on both eval sets", mode="paired",
+                                       variants=[{"variant": v} for v in VARIANTS])
+        batches = []
+        for corpus in CORPORA:
+            rows = read_split(ROOT / "data", corpus, "eval")[:items]
+            path = home / f"{corpus}.jsonl"
+            path.write_text("".join(json.dumps({"custom_id": f"{corpus}-{i}", "method": "POST",
+                                                "url": "/v1/summarize", "body": {"input": r["text"]},
+                                                "reference": r["summary"]}, ensure_ascii=False) + "\n"
+                                    for i, r in enumerate(rows)))
+            batches.append(client.create_batch(client.upload(path)["id"], metadata={"name": f"{corpus} eval"},
+                                               experiment_id=exp["id"]))
+        total = sum(b["request_counts"]["total"] for b in batches)
+        print(f"experiment {exp['id']}: {total} jobs ({', '.join(VARIANTS)} on every item of "
+              f"{' and '.join(CORPORA)} eval)")
+        with tqdm(total=total, unit="job", desc="running", file=sys.stdout, mininterval=0.5) as bar:
+            for b in batches:
+                start = bar.n
+                client.wait(b["id"], poll_s=0.25, timeout_s=1800, on_update=lambda s, start=start: bar.update(
+                    start + s["request_counts"]["completed"] + s["request_counts"]["failed"] - bar.n))
+        report = client.experiment_report(exp["id"])
+        print(format_report(report))
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "ab_report.json").write_text(json.dumps(report, indent=2))
+        (out / "ab_report.html").write_text(client.experiment_report_html(exp["id"]))
+        print(f"wrote {out / 'ab_report.json'} and {out / 'ab_report.html'}")
+    finally:
+        for proc in procs:
+            stop_worker(proc)
+        server.should_exit = True  # type: ignore[attr-defined]
+        shutil.rmtree(home, ignore_errors=True)

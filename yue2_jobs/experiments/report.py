@@ -1,0 +1,187 @@
+"""The A/B report: per variant metrics with bootstrap 95 % confidence intervals, and each variant's
+difference from the control (the first variant), over the whole experiment and per batch.
+
+Per variant: jobs, success rate, run latency p50/p95 (started -> finished), tokens/s (output
+tokens / run seconds, summed), NAR acceptance (share of output tokens that came from accepted
+drafts), mean output length and, for jobs whose batch line carried a `reference`, ROUGE-1/2/L F1
+x 100. Differences: in a `paired` experiment, per request (same batch, same custom_id, both
+succeeded), the bootstrap resampling the requests; in a `split` experiment, the difference of the
+two groups' means, each group resampled on its own. Percentile bootstrap, fixed seed, so a report
+is reproducible.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from yue2_jobs.db.models import Batch, Experiment, ExperimentMode, Job, JobStatus
+from yue2_jobs.experiments.service import variant_names
+from yue2_jobs.rouge import pair_scores
+from yue2_jobs.storage import Storage
+
+N_BOOT = 2000
+SEED = 20261204
+ROUGE = ("rouge1", "rouge2", "rougeL")
+COMPARED = (*ROUGE, "success_rate", "output_tokens", "latency_s")  # differences reported for these
+
+
+@dataclass
+class JobRecord:
+    """One job of the experiment, with what the report needs."""
+
+    batch_id: str
+    custom_id: str
+    variant: str
+    checkpoint: str | None
+    succeeded: bool
+    latency_s: float | None
+    output_tokens: int
+    nar_tokens: int
+    scores: dict[str, float] = field(default_factory=dict)  # ROUGE F1 x 100, when a reference was given
+
+
+def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[list[JobRecord], dict[str, str]]:
+    """The experiment's finished jobs (queued and running ones are left out) and each batch's label."""
+    rows = session.execute(select(Job).where(Job.experiment_id == exp.id)
+                           .where(Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)))
+                           .order_by(Job.batch_id, Job.custom_id, Job.variant)).scalars().all()
+    batches = session.execute(select(Batch.id, Batch.metadata_).where(Batch.experiment_id == exp.id)).all()
+    labels = {b.id: (b.metadata_ or {}).get("name") or b.id for b in batches}
+    records, to_score = [], []
+    for job in rows:
+        ok = job.status == JobStatus.SUCCEEDED
+        latency = (job.finished_at - job.started_at).total_seconds() if ok and job.started_at else None
+        rec = JobRecord(batch_id=job.batch_id or "", custom_id=job.custom_id or job.id, variant=job.variant,
+                        checkpoint=job.checkpoint, succeeded=ok, latency_s=latency,
+                        output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0)
+        records.append(rec)
+        if ok and job.reference is not None:
+            text = job.output_text
+            if text is None:
+                text = json.loads(storage.get(job.output_key or ""))["output"]
+            to_score.append((rec, text, job.reference))
+    if to_score:
+        scores = pair_scores([t for _, t, _ in to_score], [r for _, _, r in to_score])
+        for (rec, _, _), score in zip(to_score, scores, strict=True):
+            rec.scores = {k: 100.0 * v for k, v in score.items()}
+    return records, labels
+
+
+def bootstrap_ci(stat: Callable[..., float], *arrays: np.ndarray, rng: np.random.Generator,
+                 n_boot: int = N_BOOT) -> list[float] | None:
+    """Percentile 95 % interval of `stat(*arrays)` over resamples of the rows (arrays resampled together)."""
+    n = len(arrays[0])
+    if n < 2:
+        return None
+    idx = rng.integers(0, n, size=(n_boot, n))
+    values = np.array([stat(*(a[i] for a in arrays)) for i in idx])
+    values = values[np.isfinite(values)]
+    if not len(values):
+        return None
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def _estimate(stat: Callable[..., float], *arrays: np.ndarray, rng: np.random.Generator) -> dict[str, Any]:
+    if not len(arrays[0]):
+        return {"value": None, "ci95": None, "n": 0}
+    return {"value": float(stat(*arrays)), "ci95": bootstrap_ci(stat, *arrays, rng=rng), "n": len(arrays[0])}
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> float:
+    return float(num.sum() / den.sum()) if den.sum() > 0 else float("nan")
+
+
+def variant_metrics(records: list[JobRecord], rng: np.random.Generator) -> dict[str, Any]:
+    ok = [r for r in records if r.succeeded]
+    success = np.array([r.succeeded for r in records], dtype=float)
+    latency = np.array([r.latency_s for r in ok if r.latency_s is not None])
+    timed = [r for r in ok if r.latency_s]
+    tokens_t = np.array([r.output_tokens for r in timed], dtype=float)
+    seconds_t = np.array([r.latency_s for r in timed], dtype=float)
+    out_tokens = np.array([r.output_tokens for r in ok], dtype=float)
+    nar = np.array([r.nar_tokens for r in ok], dtype=float)
+    out = {
+        "jobs": len(records), "succeeded": len(ok), "failed": len(records) - len(ok),
+        "checkpoints": dict(Counter(r.checkpoint for r in ok if r.checkpoint)),
+        "success_rate": _estimate(np.mean, success, rng=rng),
+        "latency_p50_s": _estimate(lambda x: np.percentile(x, 50), latency, rng=rng),
+        "latency_p95_s": _estimate(lambda x: np.percentile(x, 95), latency, rng=rng),
+        "tokens_per_s": _estimate(_ratio, tokens_t, seconds_t, rng=rng),
+        "nar_acceptance": _estimate(_ratio, nar, out_tokens, rng=rng),
+        "output_tokens": _estimate(np.mean, out_tokens, rng=rng),
+    }
+    for key in ROUGE:
+        out[key] = _estimate(np.mean, np.array([r.scores[key] for r in ok if r.scores]), rng=rng)
+    return out
+
+
+def _item_value(rec: JobRecord, metric: str) -> float | None:
+    if metric == "success_rate":
+        return float(rec.succeeded)
+    if not rec.succeeded:
+        return None
+    if metric in ROUGE:
+        return rec.scores.get(metric)
+    return float(rec.output_tokens) if metric == "output_tokens" else rec.latency_s
+
+
+def difference(control: list[JobRecord], treatment: list[JobRecord], *, metric: str, paired: bool,
+               rng: np.random.Generator) -> dict[str, Any]:
+    """Mean of `metric` under treatment minus under control, with its bootstrap 95 % interval."""
+    if paired:
+        by_item = {(r.batch_id, r.custom_id): r for r in control}
+        pairs = [(by_item[(t.batch_id, t.custom_id)], t) for t in treatment if (t.batch_id, t.custom_id) in by_item]
+        d = [(tv - cv) for c, t in pairs
+             if (cv := _item_value(c, metric)) is not None and (tv := _item_value(t, metric)) is not None]
+        est = _estimate(np.mean, np.array(d, dtype=float), rng=rng)
+        if d:
+            est.update(wins=sum(x > 0 for x in d), ties=sum(x == 0 for x in d), losses=sum(x < 0 for x in d))
+    else:
+        a = np.array([v for r in control if (v := _item_value(r, metric)) is not None], dtype=float)
+        b = np.array([v for r in treatment if (v := _item_value(r, metric)) is not None], dtype=float)
+        est = {"value": None, "ci95": None, "n": min(len(a), len(b))}
+        if len(a) and len(b):
+            est["value"] = float(b.mean() - a.mean())
+            if len(a) > 1 and len(b) > 1:
+                boots = (np.array([b[i].mean() for i in rng.integers(0, len(b), (N_BOOT, len(b)))])
+                         - np.array([a[i].mean() for i in rng.integers(0, len(a), (N_BOOT, len(a)))]))
+                est["ci95"] = [float(x) for x in np.percentile(boots, [2.5, 97.5])]
+    ci = est.get("ci95")
+    est["excludes_zero"] = bool(ci is not None and (ci[0] > 0 or ci[1] < 0))
+    return {"metric": metric, "paired": paired, **est}
+
+
+def segment_report(records: list[JobRecord], variants: list[str], *, paired: bool) -> dict[str, Any]:
+    rng = np.random.default_rng(SEED)
+    by_variant: dict[str, list[JobRecord]] = defaultdict(list)
+    for r in records:
+        by_variant[r.variant].append(r)
+    control = variants[0]
+    return {
+        "variants": {v: variant_metrics(by_variant[v], rng) for v in variants},
+        "differences": {f"{v} - {control}": {m: difference(by_variant[control], by_variant[v], metric=m,
+                                                           paired=paired, rng=rng) for m in COMPARED}
+                        for v in variants[1:]},
+    }
+
+
+def build_report(session: Session, exp: Experiment, storage: Storage) -> dict[str, Any]:
+    """The report as JSON: the whole experiment, then each batch of it."""
+    records, labels = load_records(session, exp, storage)
+    variants, paired = variant_names(exp), exp.mode == ExperimentMode.PAIRED
+    segments = {"all": segment_report(records, variants, paired=paired)}
+    if len(labels) > 1:
+        for batch_id, label in sorted(labels.items(), key=lambda kv: kv[1]):
+            segments[label] = segment_report([r for r in records if r.batch_id == batch_id], variants, paired=paired)
+    return {"object": "yue2.experiment.report", "experiment_id": exp.id, "name": exp.name, "mode": exp.mode,
+            "control": variants[0], "variants": exp.arms["variants"], "confidence": 0.95, "bootstrap": N_BOOT,
+            "finished_jobs": len(records), "segments": segments}
