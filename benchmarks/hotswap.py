@@ -1,7 +1,7 @@
 """Hot swap under steady load: a new `legal` version is published while the workers run jobs.
 
 Starts the API and a launcher with --procs worker processes for `legal` (Postgres and Redis on
-127.0.0.1, local storage), submits --jobs summaries, and once a fifth of them are done publishes a
+127.0.0.1, local storage), submits --jobs summaries, and once a tenth of them are done publishes a
 new `legal` version (the checkpoint in --new) and runs one watchdog pass (validate, activate, swap
 the workers one at a time). Prints: jobs succeeded / failed / lost, how many each version served,
 every worker's pid before and after, and the time from publish to all workers serving it.
@@ -36,7 +36,7 @@ def wait_until(condition, timeout: float, what: str):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--jobs", type=int, default=1200)
+    p.add_argument("--jobs", type=int, default=6000)
     p.add_argument("--procs", type=int, default=2, help="worker processes of the launcher (1 torch thread each)")
     p.add_argument("--new", default=str(ROOT / "checkpoints" / "base"), help="checkpoint published as new legal")
     p.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -103,7 +103,7 @@ def main() -> None:
                                       for i, t in enumerate(texts)))
         t0 = time.monotonic()
         batch = client.create_batch(client.upload(batch_file)["id"])["id"]
-        wait_until(lambda: client.batch(batch)["request_counts"]["completed"] >= args.jobs // 5, 600, "a fifth")
+        wait_until(lambda: client.batch(batch)["request_counts"]["completed"] >= args.jobs // 10, 600, "a tenth")
         store = storage_from_url(settings.resolved_checkpoint_store_url)
         sessions = session_factory(db_url)
         t_pub = time.monotonic()
@@ -117,7 +117,8 @@ def main() -> None:
         wall = time.monotonic() - t0
         after = wait_until(lambda: (v := reported()) and len(v) == args.procs and v, 60, "the workers' reports")
         with session_factory(db_url)() as session:
-            jobs = session.execute(select(Job.status, Job.checkpoint, Job.attempts).where(Job.batch_id == batch)).all()
+            jobs = session.execute(select(Job.status, Job.checkpoint, Job.attempts, Job.worker, Job.finished_at)
+                                   .where(Job.batch_id == batch)).all()
     finally:
         for proc in reversed(procs):
             proc.terminate()
@@ -126,12 +127,19 @@ def main() -> None:
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
     by_status = Counter(j.status for j in jobs)
+    # On each worker, every job the old version decoded finished before the first the new one decoded.
+    new_ck = f"legal@{new.version}"
+    clean_cut = {}
+    for w in sorted({j.worker for j in jobs}):
+        olds = [j.finished_at for j in jobs if j.worker == w and j.checkpoint != new_ck]
+        news = [j.finished_at for j in jobs if j.worker == w and j.checkpoint == new_ck]
+        clean_cut[w] = {"old": len(olds), "new": len(news), "ordered": not olds or not news or max(olds) <= min(news)}
     by_ckpt = Counter(j.checkpoint for j in jobs)
     lost = args.jobs - len(jobs) + sum(n for s, n in by_status.items() if s not in ("succeeded", "failed"))
     result = {
         "jobs": args.jobs, "succeeded": by_status.get("succeeded", 0), "failed": by_status.get("failed", 0),
         "lost": lost, "max_attempts": max(j.attempts for j in jobs), "served_by": dict(by_ckpt),
-        "new_version": f"legal@{new.version}", "publish_to_all_serving_s": swap_s,
+        "new_version": new_ck, "per_worker": clean_cut, "publish_to_all_serving_s": swap_s,
         "completed_when_swapped": done_at_swap, "wall_s": wall, "watchdog": did, "request_counts": state[
             "request_counts"],
         "workers": {n: {"before": before[n]["checkpoint"], "after": after[n]["checkpoint"],
@@ -143,6 +151,9 @@ def main() -> None:
         print(f"  {n:>5} jobs served by {ckpt}")
     for n, w in result["workers"].items():
         print(f"  {n}: {w['before']} -> {w['after']}, pid {w['pid_before']} -> {w['pid_after']}")
+    for w, c in clean_cut.items():
+        print(f"  {w}: {c['old']} jobs on the old version, then {c['new']} on the new; "
+              f"{'all old before all new' if c['ordered'] else 'OLD AND NEW INTERLEAVED'}")
     print(f"publish -> all {args.procs} workers serving {result['new_version']}: {swap_s:.1f}s "
           f"({done_at_swap} jobs done by then; whole batch {wall:.0f}s)")
     out = Path(args.out)

@@ -35,8 +35,10 @@ def make_celery(settings: Settings) -> Celery:
     if settings.broker_url.startswith("filesystem"):
         folder = settings.queue_dir
         (folder / "out").mkdir(parents=True, exist_ok=True)
+        (folder / "control").mkdir(parents=True, exist_ok=True)
+        # control_folder defaults to ./control: the exchange tables would land wherever the process runs.
         transport = {"data_folder_in": str(folder / "out"), "data_folder_out": str(folder / "out"),
-                     "store_processed": False, "polling_interval": 0.05}
+                     "control_folder": str(folder / "control"), "store_processed": False, "polling_interval": 0.05}
     else:
         transport = {"visibility_timeout": settings.visibility_timeout_s}
     app.conf.update(
