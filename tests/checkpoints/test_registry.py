@@ -167,3 +167,20 @@ def test_cli_publish_activate_list_rollback(tmp_path: Path) -> None:
         ["active", "retired"]
     assert "yue2: error: no checkpoint legal@000000000000" in yue2("checkpoints", "activate", "legal", "000000000000",
                                                                     ok=False).stderr
+
+
+def test_the_optional_rouge_gate_rejects_a_version_that_forgot_its_task(env: Any, tmp_path: Path) -> None:
+    from yue2_jobs.checkpoints.validate import RougeGate
+    from yue2_jobs.core.config import Settings
+
+    session, store, _, tmp = env
+    settings = Settings(home=tmp_path / "home", validation_min_rouge_l={"legal": 30})
+    gate = RougeGate.for_variant(settings, "legal")
+    assert gate == RougeGate(corpus="legal", minimum=30, items=16)
+    assert RougeGate.for_variant(settings, "base") is None  # no minimum set: no gate
+    good = publish(env, ROOT / "checkpoints" / "legal")
+    assert validate_version(session, good, store=store, cache_dir=tmp / "cache", rouge_gate=gate) is not None
+    wrong = publish(env, copy_of("base", tmp_path / "base-as-legal"))  # valid weights, the wrong task
+    assert validate_version(session, wrong, store=store, cache_dir=tmp / "cache", rouge_gate=gate) is None
+    assert wrong.state == CheckpointState.FAILED
+    assert "ROUGE-L" in wrong.error and "on 16 legal eval items is under the minimum 30.00" in wrong.error, wrong.error

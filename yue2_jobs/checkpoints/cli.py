@@ -36,10 +36,11 @@ def _publish(args: argparse.Namespace) -> None:
 
 
 def _validate_and_activate(s: Any, session: Any, store: Any, row: Any) -> None:
-    from yue2_jobs.checkpoints.validate import validate_version
+    from yue2_jobs.checkpoints.validate import RougeGate, validate_version
 
     if row.validated_at is None:
-        if validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir) is None:
+        if validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir,
+                            rouge_gate=RougeGate.for_variant(s, row.variant)) is None:
             raise SystemExit(f"yue2: {row.variant}@{row.version} failed validation: {row.error}")
     previous = registry.activate(session, row)
     print(f"active: {row.variant}@{row.version}" + (f" (was {previous.version})" if previous else ""))
@@ -53,12 +54,13 @@ def _list(args: argparse.Namespace) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from yue2_jobs.checkpoints.validate import validate_version
+    from yue2_jobs.checkpoints.validate import RougeGate, validate_version
 
     s, session, store = _context()
     with session:
         row = registry.get(session, variant=args.variant, version=args.version)
-        ok = validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir)
+        ok = validate_version(session, row, store=store, cache_dir=s.resolved_checkpoint_cache_dir,
+                              rouge_gate=RougeGate.for_variant(s, row.variant))
         print(f"{row.variant}@{row.version}: " + ("passed" if ok else f"failed: {row.error}"))
         if not ok:
             raise SystemExit(1)

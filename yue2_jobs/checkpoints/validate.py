@@ -2,14 +2,18 @@
 
 1. every file's sha256 and size against the manifest, and no pickle weights (`verify_checkpoint_dir`);
 2. it loads through the `transformers` Auto classes, and every weight is finite;
-3. a fixed prompt set decodes: the logits of the first step are finite and every output is non-empty.
+3. a fixed prompt set decodes: the logits of the first step are finite and every output is non-empty;
+4. optionally (`RougeGate`, from `YUE2_VALIDATION_MIN_ROUGE_L`), ROUGE-L on a few eval items is at
+   least a minimum: a version that decodes but has forgotten its task does not go live.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from sqlalchemy.orm import Session
@@ -27,6 +31,35 @@ SMOKE_PROMPTS = (
     "把所有文件按修改时间排序，然后返回最新的一个。",
 )
 SMOKE_NEW_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class RougeGate:
+    """Validation fails when ROUGE-L F1 x 100 on the first `items` of `corpus`'s eval split is under `minimum`."""
+
+    corpus: str
+    minimum: float
+    items: int = 16
+
+    @classmethod
+    def for_variant(cls, settings: Any, variant: str) -> RougeGate | None:
+        if variant not in settings.validation_min_rouge_l:
+            return None
+        return cls(corpus=settings.validation_eval_sets.get(variant, variant),
+                   minimum=settings.validation_min_rouge_l[variant], items=settings.validation_rouge_items)
+
+    def check(self, model: Any, tokenizer: Any, directory: Path) -> float:
+        from yue2_jobs.core.config import ROOT
+        from yue2_jobs.model.data import read_split
+        from yue2_jobs.model.evaluate import rouge, summarize
+
+        rows = read_split(ROOT / "data", self.corpus, "eval")[: self.items]
+        preds = summarize(model, tokenizer, [r["text"] for r in rows], mode="ar")
+        score = 100 * rouge(preds, [r["summary"] for r in rows]).rougeL
+        if score < self.minimum:
+            raise CheckpointSmokeTestError(f"ROUGE-L {score:.2f} on {len(rows)} {self.corpus} eval items is under "
+                                           f"the minimum {self.minimum:.2f}", path=str(directory))
+        return score
 
 
 def download(store: Storage, *, variant: str, version: str, cache_dir: Path) -> Path:
@@ -50,7 +83,7 @@ def download(store: Storage, *, variant: str, version: str, cache_dir: Path) -> 
 
 
 @torch.inference_mode()
-def validate_dir(directory: Path) -> None:
+def validate_dir(directory: Path, *, rouge_gate: RougeGate | None = None) -> None:
     """Raise a CheckpointError naming what is wrong with the checkpoint in `directory`."""
     verify_checkpoint_dir(directory)
     model, tokenizer = load_checkpoint(directory)
@@ -66,15 +99,18 @@ def validate_dir(directory: Path) -> None:
     for i, text in enumerate(tokenizer.batch_decode(out, skip_special_tokens=True)):
         if not text.strip():
             raise CheckpointSmokeTestError(f"smoke prompt {i} decodes to an empty output", path=str(directory))
+    if rouge_gate is not None:
+        rouge_gate.check(model, tokenizer, directory)
 
 
-def validate_version(session: Session, row: CheckpointVersion, *, store: Storage, cache_dir: Path) -> Path | None:
+def validate_version(session: Session, row: CheckpointVersion, *, store: Storage, cache_dir: Path,
+                     rouge_gate: RougeGate | None = None) -> Path | None:
     """Validate a registered version; its row ends validated or `failed` with the reason.
     Returns its local directory when it passed."""
     start_validation(session, row)
     try:
         directory = download(store, variant=row.variant, version=row.version, cache_dir=cache_dir)
-        validate_dir(directory)
+        validate_dir(directory, rouge_gate=rouge_gate)
     except Exception as exc:
         finish_validation(session, row, error=f"{type(exc).__name__}: {exc}")
         return None

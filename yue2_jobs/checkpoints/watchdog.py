@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import select
 
 from yue2_jobs.checkpoints import registry
-from yue2_jobs.checkpoints.validate import validate_version
+from yue2_jobs.checkpoints.validate import RougeGate, validate_version
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import WorkerGoneError
@@ -133,7 +133,8 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, An
                 .order_by(CheckpointVersion.created_at)).scalars().all()
             activated = []
             for row in staged:
-                if validate_version(session, row, store=store, cache_dir=settings.resolved_checkpoint_cache_dir):
+                if validate_version(session, row, store=store, cache_dir=settings.resolved_checkpoint_cache_dir,
+                                    rouge_gate=RougeGate.for_variant(settings, variant)):
                     registry.activate(session, row)
                     activated.append(row.version)
                 else:

@@ -91,6 +91,15 @@ class Settings(BaseSettings):
     checkpoint_cache_dir: Path | None = Field(None, description="Local copies of published versions; "
                                               "default `home`/checkpoint-cache.")
 
+    validation_min_rouge_l: dict[str, float] = Field(
+        default_factory=dict, description="Variant -> minimum ROUGE-L F1 x 100 a new version must reach on the "
+        "first `validation_rouge_items` items of its eval set (`validation_eval_sets`); a variant not listed has "
+        "no ROUGE gate. JSON, e.g. YUE2_VALIDATION_MIN_ROUGE_L='{\"legal\": 30}'.")
+    validation_eval_sets: dict[str, str] = Field(
+        default_factory=lambda: {"base": "general", "legal": "legal"},
+        description="Variant -> corpus under data/ whose eval split the ROUGE gate decodes.")
+    validation_rouge_items: int = Field(16, ge=1, le=1000, description="Eval items the ROUGE gate decodes.")
+
     watchdog_interval_s: float = Field(5.0, gt=0, description="Seconds between watchdog passes (a local store "
                                        "also wakes it on each new manifest).")
     watchdog_swap_timeout_s: float = Field(600.0, gt=0, description="How long the watchdog waits for one worker "
