@@ -75,14 +75,21 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
     return records, labels
 
 
+def _resamples(rng: np.random.Generator, n: int, n_boot: int) -> Any:
+    """`n_boot` index vectors of length n, drawn a block at a time (a 50,000-job variant would need
+    800 MB for all 2,000 at once)."""
+    block = max(1, min(n_boot, 2_000_000 // n))
+    for start in range(0, n_boot, block):
+        yield from rng.integers(0, n, size=(min(block, n_boot - start), n))
+
+
 def bootstrap_ci(stat: Callable[..., float], *arrays: np.ndarray, rng: np.random.Generator,
                  n_boot: int = N_BOOT) -> list[float] | None:
     """Percentile 95 % interval of `stat(*arrays)` over resamples of the rows (arrays resampled together)."""
     n = len(arrays[0])
     if n < 2:
         return None
-    idx = rng.integers(0, n, size=(n_boot, n))
-    values = np.array([stat(*(a[i] for a in arrays)) for i in idx])
+    values = np.array([stat(*(a[i] for a in arrays)) for i in _resamples(rng, n, n_boot)])
     values = values[np.isfinite(values)]
     if not len(values):
         return None
@@ -152,8 +159,8 @@ def difference(control: list[JobRecord], treatment: list[JobRecord], *, metric: 
         if len(a) and len(b):
             est["value"] = float(b.mean() - a.mean())
             if len(a) > 1 and len(b) > 1:
-                boots = (np.array([b[i].mean() for i in rng.integers(0, len(b), (N_BOOT, len(b)))])
-                         - np.array([a[i].mean() for i in rng.integers(0, len(a), (N_BOOT, len(a)))]))
+                boots = (np.array([b[i].mean() for i in _resamples(rng, len(b), N_BOOT)])
+                         - np.array([a[i].mean() for i in _resamples(rng, len(a), N_BOOT)]))
                 est["ci95"] = [float(x) for x in np.percentile(boots, [2.5, 97.5])]
     ci = est.get("ci95")
     est["excludes_zero"] = bool(ci is not None and (ci[0] > 0 or ci[1] < 0))
