@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-legal api worker flower migrate data checkpoints drafters eval clean
+.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -79,6 +79,12 @@ drafters: $(STAMP)
 		--nar-steps 2500 --confidence-steps 300 --lr 1e-3 --warmup 50
 	$(PY) -m yue2_jobs train --corpus legal --init checkpoints/legal --out checkpoints/legal --ar-steps 0 \
 		--nar-steps 1500 --confidence-steps 300 --lr 1e-3 --warmup 50
+
+# Rebuild the committed subset fonts (yue2_jobs/fonts/data/) from Debian's font packages; only for
+# maintainers (rendering and the tests use the committed files).
+fonts: $(STAMP)
+	apt-get install -y -q fonts-noto-cjk fonts-lxgw-wenkai fonts-arphic-ukai fonts-wqy-microhei
+	$(PY) -m yue2_jobs.fonts.build
 
 migrate: $(STAMP)
 	$(PY) -m yue2_jobs migrate

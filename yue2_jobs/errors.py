@@ -90,3 +90,13 @@ class JobExecutionError(PipelineError):
 
 class WorkerGoneError(PipelineError):
     """Raised when a worker the watchdog is swapping stops reporting (it exited or died): it is skipped."""
+
+
+class GlyphsMissingError(PipelineError):
+    """Raised when no shipped font has a real glyph (a non-empty outline) for some characters of a render job."""
+
+    def __init__(self, characters: list[str]) -> None:
+        listed = ", ".join(f"U+{ord(c):04X} {c!r}" for c in characters[:50])
+        more = f" and {len(characters) - 50} more" if len(characters) > 50 else ""
+        super().__init__(f"no font has a glyph for {len(characters)} character(s): {listed}{more}")
+        self.characters = characters
