@@ -17,6 +17,7 @@ from typing import Any
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
+from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs.reconciler import reconcile_once
 from yue2_jobs.jobs.state import renew_leases
 from yue2_jobs.queue import make_celery, queue_depth, queue_for
@@ -27,6 +28,10 @@ REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this ol
 
 
 def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Any:
+    if variant == FONTS_VARIANT:  # render jobs: the CPU font runner, no checkpoint
+        from workers.font_runner import FontRunner
+
+        return FontRunner(variant=variant, settings=settings)
     module, _, factory = settings.runner.partition(":")
     return getattr(importlib.import_module(module), factory)(variant=variant, settings=settings, directory=directory)
 
@@ -68,14 +73,17 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if variant not in settings.checkpoints:
+    if variant not in settings.checkpoints and variant != FONTS_VARIANT:
         raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
-                         f"({sorted(settings.checkpoints)})")
+                         f"({sorted(settings.checkpoints)}) nor {FONTS_VARIANT!r}")
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
-    start_dir, directory_for = active_directory(settings, sessions, variant)
+    if variant == FONTS_VARIANT:
+        start_dir, directory_for = None, None
+    else:
+        start_dir, directory_for = active_directory(settings, sessions, variant)
     runner = load_runner(settings, variant, start_dir)
     log.info("worker %s serving %s on queue %s (%s batching, CPUs %s)", node, runner.checkpoint, queue_for(variant),
              settings.batching, sorted(os.sched_getaffinity(0)))

@@ -40,6 +40,8 @@ class JobOutput:
     output_tokens: int
     decoder_steps: int
     nar_tokens: int
+    files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
+    extra: dict[str, Any] | None = None  # merged into the job's output JSON
 
 
 def checkpoint_version(directory: Path) -> str:

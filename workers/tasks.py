@@ -31,7 +31,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs.batches import job_output_body, try_finalize
-from yue2_jobs.jobs.service import output_key
+from yue2_jobs.jobs.service import file_key, output_key
 from yue2_jobs.jobs.state import claim_jobs, finish_jobs
 from yue2_jobs.queue import TASK_NAME
 from yue2_jobs.storage import Storage
@@ -89,24 +89,30 @@ def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], l
     return inputs, failed
 
 
-def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[Future[None], dict[str, Any]]:
+def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[list[Future[None]], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     values = {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256,
               "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
     assert ctx.uploader is not None
-    put = ctx.uploader.submit(key, json.dumps(job_output_body(job, out.text), ensure_ascii=False).encode())
+    body = job_output_body(job, out.text)
+    puts = []
+    if out.files:  # a render job's images, beside its JSON
+        body["files"] = {suffix: file_key(key, suffix) for suffix, _, _ in out.files}
+        puts = [ctx.uploader.submit(file_key(key, suffix), data, ctype) for suffix, data, ctype in out.files]
+    body.update(out.extra or {})
+    puts.append(ctx.uploader.submit(key, json.dumps(body, ensure_ascii=False).encode()))
     inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
-    return put, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
-                 "output_text": inline, "error": None, **values}
+    return puts, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
+                  "output_text": inline, "error": None, **values}
 
 
 def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
             failed: list[dict[str, Any]]) -> None:
     by_id = {r.id: r for r in rows}
     results = list(failed)
-    puts: list[tuple[Future[None], Any, dict[str, Any]]] = []
+    puts: list[tuple[list[Future[None]], Any, dict[str, Any]]] = []
     for job_in, out in zip(inputs, outputs, strict=True):
         row = by_id[job_in.id]
         if isinstance(out, JobOutput):
@@ -114,9 +120,10 @@ def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs
             puts.append((put, row, result))
         else:
             results.append(_failed(ctx, row, out))
-    for put, row, result in puts:
+    for uploads, row, result in puts:
         try:
-            put.result()
+            for upload in uploads:
+                upload.result()
             results.append(result)
         except Exception as exc:  # this job's output did not reach storage: it fails alone
             results.append(_failed(ctx, row, exc))

@@ -33,9 +33,9 @@ def _init(url: str, endpoint_url: str | None, region: str) -> None:
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
 
 
-def _put(key: str, data: bytes) -> None:
+def _put(key: str, data: bytes, content_type: str) -> None:
     assert _storage is not None
-    _storage.put(key, data)
+    _storage.put(key, data, content_type=content_type)
 
 
 class Uploader:
@@ -50,7 +50,7 @@ class Uploader:
         else:
             self.pool = ThreadPoolExecutor(4, "yue2-put")
 
-    def submit(self, key: str, data: bytes) -> Future[None]:
+    def submit(self, key: str, data: bytes, content_type: str = "application/json") -> Future[None]:
         if self.in_processes:
-            return self.pool.submit(_put, key, data)
-        return self.pool.submit(self.storage.put, key, data)
+            return self.pool.submit(_put, key, data, content_type)
+        return self.pool.submit(self.storage.put, key, data, content_type=content_type)

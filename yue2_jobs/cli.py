@@ -103,14 +103,16 @@ def _cmd_worker(args: argparse.Namespace) -> None:
         run_worker(settings, variant=variant, name=args.name, reconcile=not args.no_reconcile)
         return
     from workers.launcher import launch
+    from yue2_jobs.fonts.params import FONTS_VARIANT
 
-    if variant not in settings.checkpoints:
+    if variant not in settings.checkpoints and variant != FONTS_VARIANT:
         raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
-                         f"({sorted(settings.checkpoints)})")
+                         f"({sorted(settings.checkpoints)}) nor {FONTS_VARIANT!r} (render jobs)")
     raise SystemExit(launch(variant=variant, procs=args.procs or settings.worker_procs,
                             metrics_port=settings.metrics_port, max_backoff_s=settings.worker_restart_max_s,
                             ready_file=settings.worker_ready_file, torch_threads=settings.torch_threads,
-                            host=args.host, dry_run=args.dry_run))
+                            host=args.host, dry_run=args.dry_run,
+                            gpus=[] if variant == FONTS_VARIANT else None))  # render workers: CPU processes
 
 
 def _cmd_watchdog(args: argparse.Namespace) -> None:
@@ -249,7 +251,8 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_api)
     p = sub.add_parser("worker", help="run the workers of a host: one process per GPU (or --procs on a CPU host), "
                        "NUMA-bound and supervised")
-    p.add_argument("--variant", default=None, help="default: YUE2_DEFAULT_VARIANT")
+    p.add_argument("--variant", default=None, help="default: YUE2_DEFAULT_VARIANT; `fonts` runs render jobs "
+                   "(CPU processes on queue yue2.fonts)")
     p.add_argument("--procs", type=int, default=None, help="processes on a CPU-only host (YUE2_WORKER_PROCS)")
     p.add_argument("--dry-run", action="store_true", help="print each child's CPUs, NUMA node, environment and command")
     p.add_argument("--host", default=None, help="host part of the children's node names (default: this host's "

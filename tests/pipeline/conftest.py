@@ -184,13 +184,14 @@ def new_key(settings: Any, tenant: str) -> str:
 class Worker:
     """`yue2 worker` in a subprocess; its log goes to a file for the failure message."""
 
-    def __init__(self, env: dict[str, str], log_dir: Path, **extra_env: str) -> None:
+    def __init__(self, env: dict[str, str], log_dir: Path, *args: str, **extra_env: str) -> None:
         self.env = {**os.environ, **env, **extra_env}
+        self.args = list(args)
         self.log = log_dir / f"worker-{uuid.uuid4().hex[:6]}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Worker:
-        self.proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker"], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", *self.args], cwd=ROOT, env=self.env,
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -220,8 +221,8 @@ class Worker:
 def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(**extra_env: str) -> Worker:
-        w = Worker(pipeline_env, tmp_path, **extra_env).start()
+    def start(*args: str, **extra_env: str) -> Worker:
+        w = Worker(pipeline_env, tmp_path, *args, **extra_env).start()
         started.append(w)
         return w
 

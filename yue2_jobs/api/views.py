@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Batch, Experiment, File, Job, JobStatus
-from yue2_jobs.jobs.service import request_counts
+from yue2_jobs.jobs.service import file_key, request_counts
 from yue2_jobs.storage import Storage
 
 
@@ -34,6 +34,11 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
         if job.output_text is not None:
             view["output"] = job.output_text
         view["output_url"] = storage.url(job.output_key, expires_s=presign_expiry_s)
+        if job.kind == "render_font":  # the images beside the JSON
+            fmt = job.params.get("output", "both")
+            view["output"] = None
+            view["files"] = {suffix: storage.url(file_key(job.output_key, suffix), expires_s=presign_expiry_s)
+                             for suffix in ("svg", "png") if fmt in (suffix, "both")}
     return view
 
 

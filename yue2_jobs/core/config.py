@@ -83,6 +83,10 @@ class Settings(BaseSettings):
     flower_port: int = Field(5555, ge=1, le=65535, description="Port `yue2 flower` binds.")
     flower_basic_auth: str | None = Field(None, description="`user:password` Flower requires (comma-separated).")
 
+    render_max_chars: int = Field(2000, ge=1, le=100_000, description="Longest text a render_font job may render.")
+    render_max_pixels: int = Field(16_000_000, ge=10_000, description="Largest PNG/SVG canvas (width x height) a "
+                                   "render_font job may produce; a longer text fails naming the size.")
+
     # --- checkpoint registry
     checkpoint_store_url: str | None = Field(
         None, description="Where published checkpoints live (`s3://bucket/prefix` or `file:///dir`); "

@@ -30,10 +30,13 @@ def job_output_body(job: Job, output_text: str) -> dict[str, Any]:
 def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
     request_id = f"batch_req_{job.id.removeprefix('job_')}"
     if job.status == JobStatus.SUCCEEDED:
-        text = job.output_text
-        if text is None:
-            text = json.loads(storage.get(job.output_key or ""))["output"]
-        body = job_output_body(job, text)
+        if job.kind == "render_font":  # its stored JSON names the image files and the layout
+            body = json.loads(storage.get(job.output_key or ""))
+        else:
+            text = job.output_text
+            if text is None:
+                text = json.loads(storage.get(job.output_key or ""))["output"]
+            body = job_output_body(job, text)
         return True, {"id": request_id, "custom_id": job.custom_id, "error": None,
                       "response": {"status_code": 200, "request_id": job.id, "body": body}}
     error = job.error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}

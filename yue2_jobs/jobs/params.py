@@ -13,9 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from yue2_jobs.core.config import MODES, Settings
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 
-KINDS = ("summarize", "generate")
-ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate"}
-TEXT_FIELD = {"summarize": "input", "generate": "prompt"}
+KINDS = ("summarize", "generate", "render_font")
+ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/render_font": "render_font"}
+TEXT_FIELD = {"summarize": "input", "generate": "prompt", "render_font": "text"}
 
 
 class DecodingParams(BaseModel):
@@ -36,7 +36,7 @@ class DecodingParams(BaseModel):
 class JobBody(DecodingParams):
     """The body of POST /v1/jobs, or of one batch line: the text, the variant and decoding parameters."""
 
-    kind: Literal["summarize", "generate"] | None = None
+    kind: Literal["summarize", "generate", "render_font"] | None = None
     input: str | None = None
     prompt: str | None = None
     variant: str | None = None
@@ -59,6 +59,8 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
     if not isinstance(body, dict):
         raise InvalidRequestError(f"{field_prefix or 'body'} must be a JSON object", field=field_prefix or "body")
+    if (body.get("kind") or kind) == "render_font":
+        return _validate_render(body, kind=kind, settings=settings, field_prefix=field_prefix)
     try:
         parsed = JobBody.model_validate(body)
     except ValidationError as exc:
@@ -93,3 +95,27 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     params.update(mode=mode, max_new_tokens=max_new)
     assert mode in MODES
     return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params)
+
+
+def _validate_render(body: dict[str, Any], *, kind: str | None, settings: Settings, field_prefix: str
+                     ) -> ValidatedJob:
+    from yue2_jobs.fonts.params import FONTS_VARIANT, RenderBody
+
+    if kind not in (None, "render_font"):
+        raise InvalidRequestError(f"{field_prefix}kind 'render_font' does not match the endpoint's {kind!r}",
+                                  field=f"{field_prefix}kind")
+    try:
+        parsed = RenderBody.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = field_prefix + _field_of(err)
+        raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
+    if not parsed.text.strip():
+        raise InvalidRequestError(f"{field_prefix}text is required for a render_font job and must not be empty",
+                                  field=f"{field_prefix}text")
+    if len(parsed.text) > settings.render_max_chars:
+        raise LimitExceededError(field=f"{field_prefix}text", limit=settings.render_max_chars,
+                                 actual=len(parsed.text), unit="characters", status=413)
+    params = parsed.model_dump(exclude={"kind", "custom_id", "text"})
+    return ValidatedJob(kind="render_font", text=parsed.text, variant=FONTS_VARIANT, custom_id=parsed.custom_id,
+                        params=params)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.session import utcnow
+from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.state import claim_jobs
 from yue2_jobs.queue import jobs_in_broker, publish
@@ -58,7 +59,7 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
         or_(Job.enqueued_at.is_(None), Job.enqueued_at < now - timedelta(seconds=settings.lease_s)))).all()
     session.commit()  # ends the transaction (and the advisory lock) before the broker round trip
     if queued or expired:
-        held = jobs_in_broker(settings, settings.checkpoints, delivered_within_s=settings.lease_s)
+        held = jobs_in_broker(settings, [*settings.checkpoints, FONTS_VARIANT], delivered_within_s=settings.lease_s)
         lost = [(j, v) for j, v in queued if j not in held]
         if lost:
             publish(celery_app, session, lost, chunk=settings.batch_max_jobs)

@@ -33,6 +33,11 @@ def output_key(*, tenant: str, batch_id: str | None, job_id: str) -> str:
     return f"{tenant}/{batch_id or 'jobs'}/{job_id}.json"
 
 
+def file_key(json_key: str, suffix: str) -> str:
+    """Where a job's extra output file (a render's `svg` or `png`) lives, beside its JSON."""
+    return f"{json_key.removesuffix('.json')}.{suffix}"
+
+
 def _job_row(job: ValidatedJob, *, tenant: str, batch_id: str | None, settings: Settings, storage: Storage,
              now: Any) -> dict[str, Any]:
     job_id = new_id("job_")
@@ -180,6 +185,9 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
     if completion_window != "24h":
         raise InvalidRequestError("completion_window must be '24h'", field="completion_window", status=400)
     exp = get_experiment(session, tenant=tenant, experiment_id=experiment_id) if experiment_id else None
+    if exp is not None and ENDPOINTS[endpoint] == "render_font":
+        raise InvalidRequestError("experiments compare model variants; a /v1/render_font batch cannot run under one",
+                                  field="experiment_id", status=400)
     f = get_file(session, tenant=tenant, file_id=input_file_id)
     parsed = parse_batch_file(storage.get(f.storage_key), endpoint=endpoint, settings=settings,
                               in_experiment=exp is not None)

@@ -1,0 +1,77 @@
+"""Render jobs on the shared pipeline (API, batches, Postgres, Redis, moto S3), on their own CPU
+queue: a `fonts` worker renders them while no model worker runs at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+
+from tests.pipeline.test_e2e import batch_jobs, result_lines, wait_batch
+from yue2_jobs.client import ApiError, Client
+from yue2_jobs.db.models import JobStatus
+from yue2_jobs.fonts.render import RenderParams, render
+
+
+def s3_object(s3: dict[str, str], key: str) -> tuple[bytes, str]:
+    client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1")
+    obj = client.get_object(Bucket=s3["bucket"], Key=f"out/{key}")
+    return obj["Body"].read(), obj["ContentType"]
+
+
+def test_render_jobs_run_on_the_fonts_queue_and_bad_items_fail_alone(
+        client: Client, workers: Any, settings: Any, s3: dict[str, str], tmp_path: Path) -> None:
+    worker = workers("--variant", "fonts")  # the only worker: no model worker is running
+    lines = [{"custom_id": f"s{i}", "body": {"text": "你好，世界 Hello", "style": style, "pen_pressure": i / 3}}
+             for i, style in enumerate(("print", "handwritten", "calligraphy", "rounded"))]
+    lines += [{"custom_id": "missing", "body": {"text": "ok ✓ 😀"}},  # no font draws two of these
+              {"custom_id": "svg-only", "body": {"text": "床前明月光", "output": "svg", "wrap_width": 128}},
+              {"custom_id": "huge", "body": {"text": "永" * 2000, "font_size": 256, "wrap_width": 4096}}]
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({**ln, "method": "POST", "url": "/v1/render_font"}, ensure_ascii=False) + "\n"
+                            for ln in lines))
+    batch = client.create_batch(client.upload(path)["id"], endpoint="/v1/render_font")
+    state = wait_batch(client, batch["id"], timeout=300, worker=worker)
+    assert state["request_counts"] == {"total": 7, "completed": 5, "failed": 2}, worker.tail()
+    jobs = {j.custom_id: j for j in batch_jobs(settings, batch["id"])}
+    assert {j.variant for j in jobs.values()} == {"fonts"} and jobs["s0"].checkpoint.startswith("fonts@")
+    assert jobs["missing"].status == JobStatus.FAILED
+    assert "no font has a glyph for 2 character(s): U+2713 '✓', U+1F600 '😀'" in jobs["missing"].error["message"]
+    assert jobs["huge"].status == JobStatus.FAILED and "over the limit of" in jobs["huge"].error["message"]
+
+    out = {ln["custom_id"]: ln["response"]["body"] for ln in result_lines(client, state["output_file_id"])}
+    assert set(out) == {"s0", "s1", "s2", "s3", "svg-only"}
+    for i, style in enumerate(("print", "handwritten", "calligraphy", "rounded")):
+        body = out[f"s{i}"]
+        assert body["render"]["style"] == style and body["render"]["glyphs"] == 10
+        direct = render(RenderParams(text="你好，世界 Hello", style=style, pen_pressure=i / 3))
+        png, ctype = s3_object(s3, body["files"]["png"])
+        assert ctype == "image/png" and png == direct.png  # the worker's bytes are the renderer's
+        svg, ctype = s3_object(s3, body["files"]["svg"])
+        assert ctype == "image/svg+xml" and svg.decode() == direct.svg
+    assert set(out["svg-only"]["files"]) == {"svg"} and out["svg-only"]["render"]["lines"] > 1
+
+    # GET /v1/jobs/{id} gives presigned URLs for the images.
+    view = client.job(jobs["s1"].id)
+    assert set(view["files"]) == {"svg", "png"}
+    assert httpx.get(view["files"]["png"], timeout=10).content == s3_object(s3, out["s1"]["files"]["png"])[0]
+
+
+def test_render_job_limits_name_their_field(client: Client) -> None:
+    for body, field in (({"kind": "render_font", "text": "x", "stroke_width": 21}, "stroke_width"),
+                        ({"kind": "render_font", "text": "x", "pen_pressure": 1.5}, "pen_pressure"),
+                        ({"kind": "render_font", "text": "x", "style": "gothic"}, "style"),
+                        ({"kind": "render_font", "text": "x", "color": "red"}, "color"),
+                        ({"kind": "render_font", "text": "x", "font_size": 1000}, "font_size"),
+                        ({"kind": "render_font", "text": "  "}, "text"),
+                        ({"kind": "render_font", "text": "x" * 2001}, "text"),
+                        ({"kind": "render_font", "text": "x", "temperature": 0.5}, "temperature")):
+        with pytest.raises(ApiError) as err:
+            client.submit_job(body)
+        assert err.value.status in (413, 422) and err.value.param == field, (body, err.value)
+    job = client.submit_job({"kind": "render_font", "text": "好"})
+    assert job["variant"] == "fonts" and job["status"] == "queued"
