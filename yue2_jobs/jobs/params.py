@@ -6,13 +6,14 @@ HTTP 4xx, a batch's error line and the CLI all say the same thing.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from yue2_jobs.core.config import MODES, Settings
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 
+M = TypeVar("M", bound=BaseModel)
 KINDS = ("summarize", "generate", "render_font")
 ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/render_font": "render_font"}
 TEXT_FIELD = {"summarize": "input", "generate": "prompt", "render_font": "text"}
@@ -55,18 +56,23 @@ def _field_of(error: dict[str, Any]) -> str:
     return ".".join(str(p) for p in error["loc"]) or "body"
 
 
+def _parse(model: type[M], body: dict[str, Any], field_prefix: str) -> M:
+    """`body` as `model`; the first validation error becomes an InvalidRequestError naming its field."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = field_prefix + _field_of(err)
+        raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
+
+
 def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefix: str = "") -> ValidatedJob:
     """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
     if not isinstance(body, dict):
         raise InvalidRequestError(f"{field_prefix or 'body'} must be a JSON object", field=field_prefix or "body")
     if (body.get("kind") or kind) == "render_font":
         return _validate_render(body, kind=kind, settings=settings, field_prefix=field_prefix)
-    try:
-        parsed = JobBody.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = field_prefix + _field_of(err)
-        raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
+    parsed = _parse(JobBody, body, field_prefix)
     kind = parsed.kind or kind or "summarize"
     if parsed.kind and kind != parsed.kind:
         raise InvalidRequestError(f"{field_prefix}kind {parsed.kind!r} does not match the endpoint's {kind!r}",
@@ -104,12 +110,7 @@ def _validate_render(body: dict[str, Any], *, kind: str | None, settings: Settin
     if kind not in (None, "render_font"):
         raise InvalidRequestError(f"{field_prefix}kind 'render_font' does not match the endpoint's {kind!r}",
                                   field=f"{field_prefix}kind")
-    try:
-        parsed = RenderBody.model_validate(body)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        field = field_prefix + _field_of(err)
-        raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
+    parsed = _parse(RenderBody, body, field_prefix)
     if not parsed.text.strip():
         raise InvalidRequestError(f"{field_prefix}text is required for a render_font job and must not be empty",
                                   field=f"{field_prefix}text")
