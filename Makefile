@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
+.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -34,18 +34,23 @@ lint: $(STAMP)
 # Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
 # bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
 # Then static vs continuous batching on outputs of 8 to 256 tokens (about 2 minutes), then a hot swap
-# under load (about 2 minutes).
+# under load (about 2 minutes), then render jobs (about 1 minute).
 bench: $(STAMP)
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
 	$(PY) benchmarks/ar_vs_hf.py --out benchmarks/results/ar_vs_hf.json
 	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
 	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
 	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
+	$(PY) benchmarks/fonts.py --out benchmarks/results/fonts.json
 
 # A new legal version published under a steady load of 1,200 jobs on 2 worker processes: failed and
 # lost jobs, jobs per version, pids, publish -> all workers serving (about 2 minutes; Postgres, Redis).
 bench-hotswap: $(STAMP)
 	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
+
+# Render jobs: renders/s of the renderer (svg, png, both) and through the embedded pipeline (about 1 minute).
+bench-fonts: $(STAMP)
+	$(PY) benchmarks/fonts.py --out benchmarks/results/fonts.json
 
 bench-continuous: $(STAMP)
 	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
@@ -85,6 +90,10 @@ drafters: $(STAMP)
 fonts: $(STAMP)
 	apt-get install -y -q fonts-noto-cjk fonts-lxgw-wenkai fonts-arphic-ukai fonts-wqy-microhei
 	$(PY) -m yue2_jobs.fonts.build
+
+# The sample sheet of every style at three pen pressures: docs/font_styles.png and .svg.
+font-sheet: $(STAMP)
+	$(PY) -m yue2_jobs.fonts.sheet
 
 migrate: $(STAMP)
 	$(PY) -m yue2_jobs migrate

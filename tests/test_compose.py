@@ -55,6 +55,8 @@ def test_compose_config_is_valid_and_complete() -> None:
         assert (ROOT / w["build"]["dockerfile"]).is_file()
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services["flower"]["environment"]["YUE2_FLOWER_BASIC_AUTH"] == "ops:secret"
+    fonts = services["worker-fonts"]  # render jobs: CPU processes, no GPU reservation
+    assert fonts["command"] == ["yue2", "worker", "--variant", "fonts"] and "deploy" not in fonts
     for svc in services.values():
         if "build" in svc:
             assert (ROOT / svc["build"]["dockerfile"]).is_file()

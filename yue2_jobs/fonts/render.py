@@ -5,7 +5,7 @@ chain with a non-empty outline for it) on lines wrapped at `wrap_width`: CJK cha
 anywhere, Latin words at spaces, closing punctuation never starts a line. `outline` turns the
 placed glyphs into one path in pixels (fontTools pens: moves, lines, quadratic and cubic
 curves); the SVG writes that path and the PNG rasterises the very same commands (matplotlib's
-Agg, anti-aliased), so the two agree.
+Agg renderer, anti-aliased), so the two agree.
 
 The pen: every glyph is filled and stroked with round joins, `pen_pressure` in 0..1 scaling both
 the stroke (`stroke_width` x (0.25 + 0.75 p) px) and the ink density (opacity 0.4 + 0.6 p).
@@ -228,11 +228,10 @@ def to_svg(ops: list[Any], lay: Layout, p: RenderParams) -> str:
 
 def to_png(ops: list[Any], lay: Layout, p: RenderParams) -> bytes:
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import RendererAgg
     from matplotlib.colors import to_rgba
-    from matplotlib.figure import Figure
-    from matplotlib.patches import PathPatch
     from matplotlib.path import Path as MplPath
+    from matplotlib.transforms import Affine2D
     from PIL import Image
 
     codes_for = {"M": [MplPath.MOVETO], "L": [MplPath.LINETO], "Q": [MplPath.CURVE3] * 2, "C": [MplPath.CURVE4] * 3}
@@ -248,20 +247,21 @@ def to_png(ops: list[Any], lay: Layout, p: RenderParams) -> bytes:
             start = pts[0]
         verts.extend(pts)
         codes.extend(codes_for[op])
-    dpi = 100
-    fig = Figure(figsize=(lay.width / dpi, lay.height / dpi), dpi=dpi)
-    fig.patch.set_alpha(0)
-    ax = fig.add_axes((0, 0, 1, 1))
-    ax.set_xlim(0, lay.width)
-    ax.set_ylim(lay.height, 0)
-    ax.set_axis_off()
     width, opacity = pen_stroke(p)
+    # Straight onto an Agg canvas (no figure or axes: their bookkeeping cost more than the drawing);
+    # at 72 dpi a point is a pixel, and Agg's y axis points up.
+    agg = RendererAgg(lay.width, lay.height, 72)
     if verts:
-        ax.add_patch(PathPatch(MplPath(verts, codes), facecolor=p.color, edgecolor=p.color,
-                               linewidth=width * 72 / dpi, joinstyle="round", capstyle="round"))
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    ink = np.asarray(canvas.buffer_rgba(), dtype=np.float32)[: lay.height, : lay.width] / 255.0  # (H, W, 4)
+        gc = agg.new_gc()
+        gc.set_foreground(p.color)
+        gc.set_linewidth(width)
+        gc.set_joinstyle("round")
+        gc.set_capstyle("round")
+        gc.set_antialiased(True)
+        agg.draw_path(gc, MplPath(verts, codes), Affine2D().scale(1, -1).translate(0, lay.height),
+                      to_rgba(p.color))
+        gc.restore()
+    ink = np.asarray(agg.buffer_rgba(), dtype=np.float32)[: lay.height, : lay.width] / 255.0  # (H, W, 4)
     alpha = ink[..., 3:4] * opacity  # group opacity, as the SVG's <g opacity>
     if p.background:
         bg = np.array(to_rgba(p.background), dtype=np.float32)
