@@ -273,7 +273,7 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_reconcile)
     p = sub.add_parser("submit", help="upload a JSONL file and start a batch on it; prints the batch id")
     p.add_argument("file")
-    p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate"])
+    p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate", "/v1/render_font"])
     p.add_argument("--experiment", default=None, help="an experiment id (`yue2 ab create`): it assigns the variants")
     client_args(p)
     p.set_defaults(func=_cmd_submit)
