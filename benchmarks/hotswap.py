@@ -154,8 +154,10 @@ def main() -> None:
     for w, c in clean_cut.items():
         print(f"  {w}: {c['old']} jobs on the old version, then {c['new']} on the new; "
               f"{'all old before all new' if c['ordered'] else 'OLD AND NEW INTERLEAVED'}")
+    steps = did.get("legal", {})
     print(f"publish -> all {args.procs} workers serving {result['new_version']}: {swap_s:.1f}s "
-          f"({done_at_swap} jobs done by then; whole batch {wall:.0f}s)")
+          f"(validation {steps.get('validate_s', float('nan')):.1f}s, swapping {args.procs} workers one at a time "
+          f"{steps.get('converge_s', float('nan')):.1f}s; {done_at_swap} jobs done by then; whole batch {wall:.0f}s)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str))

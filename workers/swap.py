@@ -1,9 +1,11 @@
 """Hot swap: the watchdog tells a worker (Celery remote control) to serve another version.
 
 `yue2_swap` starts loading the version in a background thread and answers at once; the worker
-keeps serving the old weights while it loads. The new runner replaces the old one under
-`WorkerContext.swap_lock`, which every micro-batch holds from claim to last record, so the switch
-happens between micro-batches and every job records the version that decoded it. A load that
+keeps serving the old weights while it loads. The loaded runner waits in
+`WorkerContext.pending_runner`: a micro-batch in progress adopts it at its next group boundary
+(static path) or once the engine's rows in flight have drained (continuous path: no new rows are
+admitted meanwhile), and an idle worker adopts it under `swap_lock`, which every micro-batch
+holds. Results are recorded with the runner that decoded them, so every job records its version. A load that
 fails leaves the old runner serving and reports `failed` (the watchdog marks the version failed).
 `yue2_version` answers what the worker serves, its pid and the state of the last swap.
 """
@@ -60,8 +62,18 @@ def load_and_swap(ctx: Any, *, version: str, directory_for: Any) -> None:
         ctx.swap_status.update(state="failed", error=f"{type(exc).__name__}: {exc}")
         ctx.report_now.set()
         return
-    with ctx.swap_lock:  # waits for the micro-batch in progress
-        ctx.runner = new
+    ctx.pending_runner = new  # a micro-batch in progress adopts it between two groups of jobs
+    with ctx.swap_lock:  # or, when the worker is idle, here
+        adopt_pending(ctx)
+
+
+def adopt_pending(ctx: Any) -> bool:
+    """Serve the loaded runner from now on, if one is waiting; returns whether it switched. Called
+    by the decode loop where no job is in flight on the old runner, and by `load_and_swap`."""
+    new = ctx.pending_runner
+    if new is None:
+        return False
+    old, ctx.runner, ctx.pending_runner = ctx.runner, new, None
     ctx.swap_status.update(state="serving")
     ctx.report_now.set()
     ctx.metrics.checkpoint_event("swap", new.checkpoint)
@@ -75,6 +87,7 @@ def load_and_swap(ctx: Any, *, version: str, directory_for: Any) -> None:
             torch.cuda.empty_cache()
     except Exception:  # freeing cached blocks is best effort
         pass
+    return True
 
 
 def install(ctx_getter: Any, *, directory_for: Any) -> None:

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from workers.metrics import WorkerMetrics
 from workers.runner import JobInput, JobOutput
+from workers.swap import adopt_pending
 from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job, JobStatus
@@ -57,6 +58,7 @@ class WorkerContext:
     # replace `runner`, so the switch falls between micro-batches (workers.swap).
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
     swap_status: dict[str, Any] = field(default_factory=dict)
+    pending_runner: Any = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
     report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
 
     def __post_init__(self) -> None:
@@ -72,9 +74,9 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
-def _failed(ctx: WorkerContext, row: Any, exc: BaseException) -> dict[str, Any]:
+def _failed(runner: Any, row: Any, exc: BaseException) -> dict[str, Any]:
     return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
-            "checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256}
+            "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
 
 
 def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]]]:
@@ -85,13 +87,14 @@ def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], l
             text = row.input_text if row.input_key is None else ctx.storage.get(row.input_key).decode()
             inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
         except Exception as exc:  # storage failure for one input fails only that job
-            failed.append(_failed(ctx, row, exc))
+            failed.append(_failed(ctx.runner, row, exc))
     return inputs, failed
 
 
-def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[list[Future[None]], dict[str, Any]]:
+def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput
+                  ) -> tuple[list[Future[None]], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
-    values = {"checkpoint": ctx.runner.checkpoint, "weights_sha256": ctx.runner.weights_sha256,
+    values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
               "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
@@ -108,25 +111,27 @@ def _store_output(ctx: WorkerContext, row: Any, out: JobOutput) -> tuple[list[Fu
                   "output_text": inline, "error": None, **values}
 
 
-def _record(ctx: WorkerContext, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
+def _record(ctx: WorkerContext, runner: Any, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
             failed: list[dict[str, Any]]) -> None:
+    """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
+    have replaced `ctx.runner` since)."""
     by_id = {r.id: r for r in rows}
     results = list(failed)
     puts: list[tuple[list[Future[None]], Any, dict[str, Any]]] = []
     for job_in, out in zip(inputs, outputs, strict=True):
         row = by_id[job_in.id]
         if isinstance(out, JobOutput):
-            put, result = _store_output(ctx, row, out)
+            put, result = _store_output(ctx, runner, row, out)
             puts.append((put, row, result))
         else:
-            results.append(_failed(ctx, row, out))
+            results.append(_failed(runner, row, out))
     for uploads, row, result in puts:
         try:
             for upload in uploads:
                 upload.result()
             results.append(result)
         except Exception as exc:  # this job's output did not reach storage: it fails alone
-            results.append(_failed(ctx, row, exc))
+            results.append(_failed(runner, row, exc))
     for attempt in range(3):
         try:
             with ctx.sessions() as session:
@@ -178,14 +183,16 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             for group in [*groups, *([j] for j in suspects)]:
                 if len(group) == 1 and group[0] in suspects:
                     _wait(pending)  # a suspect may kill this process: keep what is done so far
+                adopt_pending(ctx)  # a hot swap lands between groups
                 rows = _claim(ctx, session, group, batch_ids)
                 if not rows:
                     continue
+                runner = ctx.runner
                 inputs, failed = _load_inputs(ctx, rows)
                 t_decode = time.perf_counter()
-                outputs = ctx.runner.run(inputs) if inputs else []
+                outputs = runner.run(inputs) if inputs else []
                 decode_s += time.perf_counter() - t_decode
-                pending.append(ctx.recorder.submit(_record, ctx, rows, inputs, outputs, failed))
+                pending.append(ctx.recorder.submit(_record, ctx, runner, rows, inputs, outputs, failed))
     finally:
         _wait(pending)
     with ctx.sessions() as session:
@@ -226,19 +233,26 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
 
     def flush() -> None:
         rows = [rows_by_id.pop(job.id) for job, _ in done]
-        pending.append(ctx.recorder.submit(_record, ctx, rows, [j for j, _ in done], [o for _, o in done], []))
+        pending.append(ctx.recorder.submit(_record, ctx, runner, rows, [j for j, _ in done], [o for _, o in done],
+                                           []))
         done.clear()
 
     while todo or engine.has_work():
-        while todo and len(engine.waiting) < engine.max_rows:
+        if ctx.pending_runner is not None and not engine.has_work():
+            # A hot swap: the old engine has drained (nothing was admitted to it meanwhile).
+            if done:
+                flush()
+            adopt_pending(ctx)
+            runner, engine = ctx.runner, ctx.runner.engine
+        while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
             rows = _claim(ctx, session, todo.popleft(), batch_ids)
             if not rows:
                 continue
             inputs, failed = _load_inputs(ctx, rows)
             if failed:
                 failed_ids = {f["id"] for f in failed}
-                pending.append(ctx.recorder.submit(_record, ctx, [r for r in rows if r.id in failed_ids], [], [],
-                                                   failed))
+                pending.append(ctx.recorder.submit(_record, ctx, runner, [r for r in rows if r.id in failed_ids],
+                                                   [], [], failed))
             rows_by_id.update((r.id, r) for r in rows)
             other = [j for j in inputs if not runner.continuous_ok(j)]
             requests, bad = runner.requests_for([j for j in inputs if runner.continuous_ok(j)])

@@ -132,6 +132,7 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, An
                 CheckpointVersion.variant == variant, CheckpointVersion.state == CheckpointState.STAGED)
                 .order_by(CheckpointVersion.created_at)).scalars().all()
             activated = []
+            t_validate = time.monotonic()
             for row in staged:
                 if validate_version(session, row, store=store, cache_dir=settings.resolved_checkpoint_cache_dir,
                                     rouge_gate=RougeGate.for_variant(settings, variant)):
@@ -139,9 +140,12 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, An
                     activated.append(row.version)
                 else:
                     log.warning("%s@%s failed validation: %s", variant, row.version, row.error)
+            t_converge = time.monotonic()
             swapped = converge(session, app, variant=variant, swap_timeout_s=settings.watchdog_swap_timeout_s)
+            t_end = time.monotonic()
         if found or activated or swapped:
-            done[variant] = {"discovered": found, "activated": activated, "swapped": swapped}
+            done[variant] = {"discovered": found, "activated": activated, "swapped": swapped,
+                             "validate_s": round(t_converge - t_validate, 2), "converge_s": round(t_end - t_converge, 2)}
             log.info("%s: %s", variant, done[variant])
     return done
 
