@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from yue2_jobs.storage import storage_from_url
 
 log = logging.getLogger("yue2.worker")
 REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this old (a swap reports at once)
+SWAP_POLL_S = 1.0  # how often the report thread looks for the watchdog's swap request
 
 
 def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Any:
@@ -69,7 +71,7 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
     from workers.swap import install as install_swap_commands
     from workers.swap import report as report_status
-    from workers.swap import withdraw
+    from workers.swap import start_swap, swap_request, withdraw
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -106,14 +108,21 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
             renew_leases(session, claims=claims, lease_s=settings.lease_s)
 
     def report_loop() -> None:  # its own thread: runs while the main thread decodes
+        last_report = 0.0
         while not stop.is_set():
             try:
                 with sessions() as session:
-                    report_status(session, ctx, name=node)
+                    if ctx.report_now.is_set() or time.monotonic() - last_report >= REPORT_INTERVAL_S:
+                        ctx.report_now.clear()
+                        request = report_status(session, ctx, name=node)
+                        last_report = time.monotonic()
+                    else:
+                        request = swap_request(session, name=node)
+                if request and directory_for is not None:
+                    start_swap(ctx, variant=variant, version=request, directory_for=directory_for)
             except Exception:
                 log.exception("could not report this worker's status")
-            ctx.report_now.wait(REPORT_INTERVAL_S)
-            ctx.report_now.clear()
+            ctx.report_now.wait(SWAP_POLL_S)
 
     def sample() -> None:
         assert ctx.metrics is not None

@@ -7,7 +7,9 @@ keeps serving the old weights while it loads. The loaded runner waits in
 admitted meanwhile), and an idle worker adopts it under `swap_lock`, which every micro-batch
 holds. Results are recorded with the runner that decoded them, so every job records its version. A load that
 fails leaves the old runner serving and reports `failed` (the watchdog marks the version failed).
-`yue2_version` answers what the worker serves, its pid and the state of the last swap.
+The watchdog asks through the worker's `worker_processes` row (`swap_request`), which the
+worker's report thread polls every second, even mid-batch; `yue2_swap` (remote control) does the
+same for an operator. `yue2_version` answers what the worker serves, its pid and the last swap.
 """
 
 from __future__ import annotations
@@ -23,17 +25,53 @@ from celery.worker.control import control_command
 log = logging.getLogger("yue2.swap")
 
 
-def report(session: Any, ctx: Any, *, name: str) -> None:
-    """Write this worker's row in `worker_processes` (what the watchdog reads)."""
+def report(session: Any, ctx: Any, *, name: str) -> str | None:
+    """Write this worker's row in `worker_processes` (what the watchdog reads); returns the
+    watchdog's swap request in it, if any."""
     from yue2_jobs.db.models import WorkerProcess
     from yue2_jobs.db.session import utcnow
 
     swap = dict(ctx.swap_status)
-    session.merge(WorkerProcess(name=name, variant=ctx.runner.variant, checkpoint=ctx.runner.checkpoint,
-                                weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(),
-                                swap_version=swap.get("version"), swap_state=swap.get("state"),
-                                swap_error=swap.get("error"), heartbeat_at=utcnow()))
+    values = dict(variant=ctx.runner.variant, checkpoint=ctx.runner.checkpoint,
+                  weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(), swap_version=swap.get("version"),
+                  swap_state=swap.get("state"), swap_error=swap.get("error"), heartbeat_at=utcnow())
+    row = session.get(WorkerProcess, name)
+    if row is None or row.pid != os.getpid():  # new, or left by an earlier process of this name
+        session.merge(WorkerProcess(name=name, swap_request=None, **values))
+        request = None
+    else:
+        for key, value in values.items():
+            setattr(row, key, value)
+        request = row.swap_request
     session.commit()
+    return request
+
+
+def swap_request(session: Any, *, name: str) -> str | None:
+    """The version the watchdog asked this worker to serve (None: no request)."""
+    from sqlalchemy import select
+
+    from yue2_jobs.db.models import WorkerProcess
+
+    return session.execute(select(WorkerProcess.swap_request).where(WorkerProcess.name == name,
+                                                                    WorkerProcess.pid == os.getpid())).scalar()
+
+
+def start_swap(ctx: Any, *, variant: str, version: str, directory_for: Any) -> dict[str, Any]:
+    """Begin loading `variant@version` in the background unless it is served, loading or failed."""
+    if variant != ctx.runner.variant:
+        return {"ignored": f"this worker serves {ctx.runner.variant}"}
+    if ctx.runner.checkpoint == f"{variant}@{version}":
+        return {"ok": "already serving", **current_status(ctx)}
+    state = ctx.swap_status.get("state")
+    if state == "loading" or ctx.pending_runner is not None:
+        return {"busy": f"still loading {ctx.swap_status.get('version')}"}
+    if state == "failed" and ctx.swap_status.get("version") == version:
+        return {"failed": ctx.swap_status.get("error")}  # the watchdog has been told; do not retry in a loop
+    ctx.swap_status.update(version=version, state="loading", error=None)
+    threading.Thread(target=load_and_swap, kwargs={"ctx": ctx, "version": version, "directory_for": directory_for},
+                     name="yue2-swap", daemon=True).start()
+    return {"ok": "loading", **current_status(ctx)}
 
 
 def withdraw(session: Any, *, name: str) -> None:
@@ -95,18 +133,8 @@ def install(ctx_getter: Any, *, directory_for: Any) -> None:
 
     @control_command(args=[("variant", str), ("version", str)], signature="<variant> <version>")
     def yue2_swap(state: Any, variant: str, version: str) -> dict[str, Any]:
-        """Load `variant@version` in the background and serve it from the next micro-batch."""
-        ctx = ctx_getter()
-        if variant != ctx.runner.variant:
-            return {"ignored": f"this worker serves {ctx.runner.variant}"}
-        if ctx.runner.checkpoint == f"{variant}@{version}":
-            return {"ok": "already serving", **current_status(ctx)}
-        if ctx.swap_status.get("state") == "loading":
-            return {"busy": f"still loading {ctx.swap_status.get('version')}"}
-        ctx.swap_status.update(version=version, state="loading", error=None)
-        threading.Thread(target=load_and_swap, kwargs={"ctx": ctx, "version": version, "directory_for": directory_for},
-                         name="yue2-swap", daemon=True).start()
-        return {"ok": "loading", **current_status(ctx)}
+        """Load `variant@version` in the background and serve it from the next group of jobs."""
+        return start_swap(ctx_getter(), variant=variant, version=version, directory_for=directory_for)
 
     @control_command()
     def yue2_version(state: Any) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def upgrade() -> None:
     sa.Column('swap_version', sa.String(length=64), nullable=True),
     sa.Column('swap_state', sa.String(length=16), nullable=True),
     sa.Column('swap_error', sa.Text(), nullable=True),
+    sa.Column('swap_request', sa.String(length=64), nullable=True),
     sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('name', name=op.f('pk_worker_processes'))
     )

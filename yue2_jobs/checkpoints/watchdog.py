@@ -26,7 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import RougeGate, validate_version
@@ -36,7 +36,6 @@ from yue2_jobs.errors import WorkerGoneError
 
 log = logging.getLogger("yue2.watchdog")
 LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
-RESEND_S = 10.0
 
 
 def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[str]:
@@ -64,26 +63,26 @@ def live_workers(session: Any, variant: str, *, within_s: float = LIVE_WITHIN_S)
 
 
 def swap_worker(session: Any, app: Any, name: str, *, variant: str, version: str, timeout_s: float) -> str | None:
-    """Tell one worker to serve `variant@version` and wait for its report. None when it serves
-    it, else the reason it does not."""
-    want, deadline, sent = f"{variant}@{version}", time.monotonic() + timeout_s, 0.0
+    """Ask one worker to serve `variant@version` and wait for its report. None when it serves
+    it, else the reason it does not. The request is written into the worker's row, which its
+    report thread polls every second even mid-batch; a remote-control message goes too, for a
+    worker that answers it sooner."""
+    want, deadline = f"{variant}@{version}", time.monotonic() + timeout_s
+    session.execute(update(WorkerProcess).where(WorkerProcess.name == name).values(swap_request=version))
+    session.commit()
+    app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version}, destination=[name])
     while time.monotonic() < deadline:
         session.expire_all()
         since = utcnow() - timedelta(seconds=LIVE_WITHIN_S)
         row = session.execute(select(WorkerProcess).where(WorkerProcess.name == name,
                                                           WorkerProcess.heartbeat_at >= since)).scalar_one_or_none()
-        if row is None:
-            raise WorkerGoneError(f"{name} stopped reporting")  # stopped or died: nothing to swap (a restart loads the active version)
+        if row is None:  # stopped or died: nothing to swap (a restart loads the active version)
+            raise WorkerGoneError(f"{name} stopped reporting")
         if row.checkpoint == want:
             return None
         if row.swap_version == version and row.swap_state == "failed":
             return row.swap_error or "load failed"
-        if row.swap_version != version and time.monotonic() - sent >= RESEND_S:
-            # Remote control reaches a busy worker after its micro-batch; asking again is harmless
-            # (a worker already loading or serving the version ignores it), and covers a lost message.
-            app.control.broadcast("yue2_swap", arguments={"variant": variant, "version": version}, destination=[name])
-            sent = time.monotonic()
-        time.sleep(0.5)  # the worker reports a finished swap at once; poll its row
+        time.sleep(0.2)  # the worker reports a finished swap at once; poll its row
     return f"{name} did not serve {want} within {timeout_s:.0f}s"
 
 

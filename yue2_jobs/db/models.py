@@ -185,6 +185,10 @@ class WorkerProcess(Base):
     swap_version: Mapped[str | None] = mapped_column(String(64))
     swap_state: Mapped[str | None] = mapped_column(String(16))  # loading | serving | failed
     swap_error: Mapped[str | None] = mapped_column(Text)
+    # Written by the watchdog only: the version this worker should load next. The worker's report
+    # thread polls it, so the request reaches a worker in the middle of a long micro-batch (Celery
+    # remote control would wait for the micro-batch to end).
+    swap_request: Mapped[str | None] = mapped_column(String(64))
     heartbeat_at: Mapped[datetime]
 
 
