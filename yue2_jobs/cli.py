@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -209,12 +210,31 @@ def _cmd_results(args: argparse.Namespace) -> None:
                                  f"cancelled")
             for key in ("output_file_id", "error_file_id") if args.errors else ("output_file_id",):
                 if state.get(key):
-                    out.write(client.file_content(state[key]))
+                    data = client.file_content(state[key])
+                    out.write(data)
+                    if args.files and key == "output_file_id":
+                        _save_render_files(client, data, Path(args.files))
         else:
             out.write((json.dumps(state, ensure_ascii=False) + "\n").encode())
+            if args.files and state.get("files"):
+                _save_render_files(client, json.dumps({"custom_id": state["id"], "response": {"body": {
+                    "id": state["id"], "files": state["files"]}}}).encode(), Path(args.files))
     finally:
         if out is not sys.stdout.buffer:
             out.close()
+
+
+def _save_render_files(client: Any, output_jsonl: bytes, directory: Path) -> None:
+    """Each render job's images as DIR/<custom_id>.<svg|png> (the name made safe for a file system)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    saved = 0
+    for line in output_jsonl.decode().splitlines():
+        body = json.loads(line)["response"]["body"]
+        name = re.sub(r"[^\w.-]+", "_", json.loads(line)["custom_id"]).strip("._") or body["id"]
+        for suffix in body.get("files") or {}:
+            (directory / f"{name}.{suffix}").write_bytes(client.job_file(body["id"], suffix))
+            saved += 1
+    print(f"saved {saved} image(s) to {directory}", file=sys.stderr)
 
 
 def _cmd_cancel(args: argparse.Namespace) -> None:
@@ -293,6 +313,8 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.add_argument("id")
     p.add_argument("-o", "--output", default="-")
     p.add_argument("--errors", action="store_true", help="append the error file's lines too")
+    p.add_argument("--files", default=None, metavar="DIR", help="render jobs: also save each image as "
+                   "DIR/<custom_id>.svg|png")
     client_args(p)
     p.set_defaults(func=_cmd_results)
     p = sub.add_parser("demo", help="the embedded pipeline demo (`make demo`)")

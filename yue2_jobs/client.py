@@ -80,6 +80,13 @@ class Client:
     def status(self, object_id: str) -> dict[str, Any]:
         return self.batch(object_id) if object_id.startswith("batch_") else self.job(object_id)
 
+    def job_file(self, job_id: str, suffix: str) -> bytes:
+        """A render job's `svg` or `png`."""
+        response = self.http.get(f"/v1/jobs/{job_id}/files/{suffix}")
+        if response.status_code >= 400:
+            self._json(response)
+        return response.content
+
     def file_content(self, file_id: str) -> bytes:
         response = self.http.get(f"/v1/files/{file_id}/content")
         if response.status_code >= 400:

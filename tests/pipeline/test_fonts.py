@@ -4,6 +4,10 @@ queue: a `fonts` worker renders them while no model worker runs at all."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +15,7 @@ import boto3
 import httpx
 import pytest
 
+from tests.pipeline.conftest import ROOT, new_key
 from tests.pipeline.test_e2e import batch_jobs, result_lines, wait_batch
 from yue2_jobs.client import ApiError, Client
 from yue2_jobs.db.models import JobStatus
@@ -24,7 +29,9 @@ def s3_object(s3: dict[str, str], key: str) -> tuple[bytes, str]:
 
 
 def test_render_jobs_run_on_the_fonts_queue_and_bad_items_fail_alone(
-        client: Client, workers: Any, settings: Any, s3: dict[str, str], tmp_path: Path) -> None:
+        api: Any, workers: Any, settings: Any, s3: dict[str, str], tmp_path: Path) -> None:
+    key = new_key(settings, f"t-{uuid.uuid4().hex[:8]}")
+    client = Client(api.url, key)
     worker = workers("--variant", "fonts")  # the only worker: no model worker is running
     lines = [{"custom_id": f"s{i}", "body": {"text": "你好，世界 Hello", "style": style, "pen_pressure": i / 3}}
              for i, style in enumerate(("print", "handwritten", "calligraphy", "rounded"))]
@@ -55,10 +62,31 @@ def test_render_jobs_run_on_the_fonts_queue_and_bad_items_fail_alone(
         assert ctype == "image/svg+xml" and svg.decode() == direct.svg
     assert set(out["svg-only"]["files"]) == {"svg"} and out["svg-only"]["render"]["lines"] > 1
 
-    # GET /v1/jobs/{id} gives presigned URLs for the images.
+    # GET /v1/jobs/{id} gives presigned URLs for the images; the API serves them too.
     view = client.job(jobs["s1"].id)
     assert set(view["files"]) == {"svg", "png"}
-    assert httpx.get(view["files"]["png"], timeout=10).content == s3_object(s3, out["s1"]["files"]["png"])[0]
+    png_s1 = s3_object(s3, out["s1"]["files"]["png"])[0]
+    assert httpx.get(view["files"]["png"], timeout=10).content == png_s1
+    assert client.job_file(jobs["s1"].id, "png") == png_s1
+    for job_id, suffix, status in ((jobs["svg-only"].id, "png", 404), (jobs["missing"].id, "svg", 409),
+                                   (jobs["s1"].id, "gif", 404)):
+        with pytest.raises(ApiError) as err:
+            client.job_file(job_id, suffix)
+        assert err.value.status == status, (job_id, suffix)
+    other = Client(api.url, new_key(settings, "another-tenant"))
+    with pytest.raises(ApiError) as err:
+        other.job_file(jobs["s1"].id, "png")
+    assert err.value.status == 404
+
+    # The CLI saves every image of the batch by custom_id.
+    env = {**os.environ, "YUE2_API_URL": api.url, "YUE2_API_KEY": key}
+    done = subprocess.run([sys.executable, "-m", "yue2_jobs", "results", batch["id"], "-o", str(tmp_path / "out.jsonl"),
+                           "--files", str(tmp_path / "images")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "images").iterdir()) == sorted(
+        [f"s{i}.{x}" for i in range(4) for x in ("png", "svg")] + ["svg-only.svg"])
+    assert (tmp_path / "images" / "s1.png").read_bytes() == png_s1
 
 
 def test_render_job_limits_name_their_field(client: Client) -> None:

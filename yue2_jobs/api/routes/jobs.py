@@ -9,6 +9,8 @@ from fastapi import APIRouter, BackgroundTasks, Body, Response
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.routes.enqueue import enqueue_later
 from yue2_jobs.api.views import dumps, job_view
+from yue2_jobs.db.models import JobStatus
+from yue2_jobs.errors import ConflictError, NotFoundError
 from yue2_jobs.jobs import service
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -35,3 +37,18 @@ async def get_job(job_id: str, state: StateDep, tenant: TenantDep) -> Response:
 def cancel_job(job_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
     job = service.cancel_job(session, tenant=tenant, job_id=job_id)
     return job_view(job, storage=state.storage, presign_expiry_s=state.settings.presign_expiry_s)
+
+
+RENDER_TYPES = {"svg": "image/svg+xml", "png": "image/png"}
+
+
+@router.get("/{job_id}/files/{suffix}", response_class=Response)
+def get_job_file(job_id: str, suffix: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> Response:
+    """A render job's image, through the API (no storage credentials or presigned URL needed)."""
+    job = service.get_job(session, tenant=tenant, job_id=job_id)
+    wanted = job.params.get("output", "both") if job.kind == "render_font" else None
+    if suffix not in RENDER_TYPES or wanted not in (suffix, "both"):
+        raise NotFoundError(f"job {job_id!r} has no {suffix!r} file")
+    if job.status != JobStatus.SUCCEEDED or not job.output_key:
+        raise ConflictError(f"job {job_id!r} is {job.status}; its files exist once it has succeeded")
+    return Response(state.storage.get(service.file_key(job.output_key, suffix)), media_type=RENDER_TYPES[suffix])
