@@ -103,3 +103,12 @@ def test_render_job_limits_name_their_field(client: Client) -> None:
         assert err.value.status in (413, 422) and err.value.param == field, (body, err.value)
     job = client.submit_job({"kind": "render_font", "text": "好"})
     assert job["variant"] == "fonts" and job["status"] == "queued"
+
+
+def test_render_batches_cannot_run_under_an_experiment(client: Client, tmp_path: Path) -> None:
+    exp = client.create_experiment(variants=[{"variant": "base"}, {"variant": "legal"}], mode="paired")
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"custom_id": "a", "body": {"text": "好"}}) + "\n")
+    with pytest.raises(ApiError) as err:
+        client.create_batch(client.upload(path)["id"], endpoint="/v1/render_font", experiment_id=exp["id"])
+    assert err.value.status == 400 and err.value.param == "experiment_id"
