@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -66,22 +64,12 @@ def direct(jobs: list[dict], fmt: str) -> dict[str, float]:
 
 
 def pipeline(jobs: list[dict]) -> dict[str, float]:
-    from yue2_jobs.auth import create_api_key
     from yue2_jobs.client import Client
-    from yue2_jobs.core.config import Settings
-    from yue2_jobs.db.migrate import upgrade_head
-    from yue2_jobs.db.session import session_factory
-    from yue2_jobs.demo import _start_api, embedded_env, start_worker, stop_worker
+    from yue2_jobs.demo import start_embedded, start_worker, stop_worker
 
-    home = Path(tempfile.mkdtemp(prefix="yue2-fonts-bench-"))
-    env = embedded_env(home)
-    os.environ.update(env)
-    settings = Settings()
-    upgrade_head(settings.resolved_database_url)
-    with session_factory(settings.resolved_database_url)() as session:
-        key = create_api_key(session, tenant="bench")
-    server, url = _start_api(settings)
-    worker = start_worker(env, variant="fonts", home=home)[0]
+    stack = start_embedded(prefix="yue2-fonts-bench-", tenant="bench")
+    home, key, url, server = stack.home, stack.key, stack.url, stack.server
+    worker = start_worker(stack.env, variant="fonts", home=home)[0]
     try:
         client = Client(url, key)
         path = home / "in.jsonl"

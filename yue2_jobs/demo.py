@@ -18,8 +18,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 from tqdm import tqdm
 
@@ -76,23 +78,43 @@ def stop_worker(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def main(*, items: int = 200, keep: bool = False) -> None:
+@dataclass
+class EmbeddedStack:
+    """A migrated SQLite database, an API key and the API (in this process) under `home`."""
+
+    home: Path
+    env: dict[str, str]
+    settings: Settings
+    key: str
+    url: str
+    server: Any
+
+
+def start_embedded(*, prefix: str, tenant: str) -> EmbeddedStack:
+    """The embedded pipeline's shared part; workers are started with `start_worker`."""
     from yue2_jobs.auth import create_api_key
-    from yue2_jobs.client import Client
     from yue2_jobs.db.migrate import upgrade_head
     from yue2_jobs.db.session import session_factory
-    from yue2_jobs.model.data import read_split
 
-    t_start = time.perf_counter()
-    home = Path(tempfile.mkdtemp(prefix="yue2-demo-"))
+    home = Path(tempfile.mkdtemp(prefix=prefix))
     env = embedded_env(home)
     os.environ.update(env)
     settings = Settings()
-    print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
     upgrade_head(settings.resolved_database_url)
     with session_factory(settings.resolved_database_url)() as session:
-        key = create_api_key(session, tenant="demo")
+        key = create_api_key(session, tenant=tenant)
     server, url = _start_api(settings)
+    return EmbeddedStack(home=home, env=env, settings=settings, key=key, url=url, server=server)
+
+
+def main(*, items: int = 200, keep: bool = False) -> None:
+    from yue2_jobs.client import Client
+    from yue2_jobs.model.data import read_split
+
+    t_start = time.perf_counter()
+    stack = start_embedded(prefix="yue2-demo-", tenant="demo")
+    home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server
+    print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
     worker, worker_log = start_worker(env, variant="base", home=home)
     try:
         print(f"worker pid {worker.pid} ready {time.perf_counter() - t_start:.1f}s after start")

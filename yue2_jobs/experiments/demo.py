@@ -9,37 +9,26 @@ report; writes the JSON and the HTML report (with plots) to --out.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from tqdm import tqdm
 
-from yue2_jobs.core.config import ROOT, Settings
-from yue2_jobs.demo import _start_api, embedded_env, start_worker, stop_worker
+from yue2_jobs.core.config import ROOT
+from yue2_jobs.demo import start_embedded, start_worker, stop_worker
 
 VARIANTS = ("base", "legal")
 CORPORA = ("legal", "general")
 
 
 def main(*, items: int | None, out: Path) -> None:
-    from yue2_jobs.auth import create_api_key
     from yue2_jobs.client import Client
-    from yue2_jobs.db.migrate import upgrade_head
-    from yue2_jobs.db.session import session_factory
     from yue2_jobs.experiments.cli import format_report
     from yue2_jobs.model.data import read_split
 
-    home = Path(tempfile.mkdtemp(prefix="yue2-ab-"))
-    env = embedded_env(home)
-    os.environ.update(env)
-    settings = Settings()
-    upgrade_head(settings.resolved_database_url)
-    with session_factory(settings.resolved_database_url)() as session:
-        key = create_api_key(session, tenant="ab-demo")
-    server, url = _start_api(settings)
+    stack = start_embedded(prefix="yue2-ab-", tenant="ab-demo")
+    home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server
     procs = []
     try:
         for variant in VARIANTS:
