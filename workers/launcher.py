@@ -197,7 +197,8 @@ class Supervisor:
         code = 0
         for run in live:
             assert run.proc is not None
-            code = code or run.proc.wait()
+            exit_code = run.proc.wait()  # every child, even after one failed: the launcher outlives them all
+            code = code or exit_code
         return code
 
 
