@@ -17,12 +17,13 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from scratch_db import ScratchDatabase  # noqa: E402
 
 
 def wait_until(condition, timeout: float, what: str):
@@ -46,26 +47,21 @@ def main() -> None:
 
     import httpx
     import redis
-    from sqlalchemy import create_engine, select, text
+    from sqlalchemy import select
 
     from yue2_jobs.auth import create_api_key
     from yue2_jobs.checkpoints import registry
     from yue2_jobs.checkpoints.watchdog import live_workers, run_pass
     from yue2_jobs.client import Client
     from yue2_jobs.core.config import Settings
-    from yue2_jobs.db.migrate import upgrade_head
     from yue2_jobs.db.models import Job
     from yue2_jobs.db.session import session_factory
     from yue2_jobs.model.data import read_split
     from yue2_jobs.queue import make_celery
     from yue2_jobs.storage import storage_from_url
 
-    db = f"yue2_hotswap_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{db}"'))
-    db_url = args.pg.rsplit("/", 1)[0] + f"/{db}"
-    upgrade_head(db_url)
+    scratch = ScratchDatabase.create(args.pg, "yue2_hotswap")
+    db, db_url = scratch.name, scratch.url
     redis.Redis.from_url(args.redis).flushdb()
     home = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-{db}"
     home.mkdir(parents=True)
@@ -123,9 +119,7 @@ def main() -> None:
         for proc in reversed(procs):
             proc.terminate()
             proc.wait(120)
-        create_engine(db_url).dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        scratch.drop()
     by_status = Counter(j.status for j in jobs)
     # On each worker, every job the old version decoded finished before the first the new one decoded.
     new_ck = f"legal@{new.version}"

@@ -25,13 +25,14 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from scratch_db import ScratchDatabase  # noqa: E402
 
 
 def free_port() -> int:
@@ -98,11 +99,10 @@ def main() -> None:
     import boto3
     import httpx
     import redis
-    from sqlalchemy import create_engine, select, text
+    from sqlalchemy import select
 
     from yue2_jobs.auth import create_api_key
     from yue2_jobs.client import Client
-    from yue2_jobs.db.migrate import upgrade_head
     from yue2_jobs.db.models import Job
     from yue2_jobs.db.session import session_factory
 
@@ -110,12 +110,8 @@ def main() -> None:
     bare_kwargs = {"variant_dir": ROOT / "checkpoints" / "base", "batch": args.batch, "threads": args.threads}
     print(f"bare decoder on {args.bare_jobs} texts (before)")
     bare_before = bare_tokens_per_s(texts[:args.bare_jobs], **bare_kwargs)
-    db = f"yue2_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(args.pg, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{db}"'))
-    db_url = args.pg.rsplit("/", 1)[0] + f"/{db}"
-    upgrade_head(db_url)
+    scratch = ScratchDatabase.create(args.pg, "yue2_bench")
+    db, db_url = scratch.name, scratch.url
     redis.Redis.from_url(args.redis).flushdb()
     procs: list[subprocess.Popen[bytes]] = []
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-bench-{db}"
@@ -208,8 +204,7 @@ def main() -> None:
                 p.wait(30)
             except subprocess.TimeoutExpired:
                 p.kill()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)'))
+        scratch.drop()
         redis.Redis.from_url(args.redis).flushdb()
     # The bare decoder runs after the pipeline is down, so neither steals the other's cores.
     print(f"bare decoder on {args.bare_jobs} texts (after)")
