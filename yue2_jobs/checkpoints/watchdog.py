@@ -48,13 +48,6 @@ def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[
     return found
 
 
-def worker_versions(app: Any, *, timeout: float = 2.0, destination: list[str] | None = None) -> dict[str, Any]:
-    """Remote-control view of the workers that answer within `timeout` (idle ones; a busy solo
-    worker answers only between micro-batches). The watchdog itself reads `worker_processes`."""
-    replies = app.control.broadcast("yue2_version", reply=True, timeout=timeout, destination=destination) or []
-    return {name: info for reply in replies for name, info in reply.items()}
-
-
 def live_workers(session: Any, variant: str, *, within_s: float = LIVE_WITHIN_S) -> list[WorkerProcess]:
     """Workers of `variant` whose status report is recent (their reporter thread runs while they decode)."""
     since = utcnow() - timedelta(seconds=within_s)
