@@ -82,7 +82,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
             per_node = sum(1 for g in gpus if gpu_numa_node(g, sysfs) == node) or 1
             env = {"CUDA_VISIBLE_DEVICES": gpu.uuid or str(gpu.index), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                    "YUE2_DEVICE": "cuda", "YUE2_TORCH_THREADS": str(max(1, len(node_cpus) // per_node))}
-            placements.append((f"gpu{i}@{host}", node_cpus, node if node in nodes else None, env))
+            placements.append((f"{variant}-gpu{i}@{host}", node_cpus, node if node in nodes else None, env))
     else:
         order = sorted(nodes) or [None]
         assigned: dict[int | None, list[int]] = {n: [] for n in order}
@@ -97,7 +97,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
         for i in range(procs):
             chunk, node = slots[i]
             env = {"CUDA_VISIBLE_DEVICES": "", "YUE2_DEVICE": "cpu", "YUE2_TORCH_THREADS": str(len(chunk))}
-            placements.append((f"cpu{i}@{host}", chunk, node, env))
+            placements.append((f"{variant}-cpu{i}@{host}", chunk, node, env))
     children = []
     for i, (name, chunk, node, env) in enumerate(placements):
         if torch_threads:

@@ -93,8 +93,8 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     assert ctx.metrics is not None
     ctx.metrics.checkpoint_event("load", runner.checkpoint)
     if settings.metrics_port:
-        ctx.metrics.serve(settings.metrics_port)
-        log.info("metrics on :%d/metrics", settings.metrics_port)
+        ctx.metrics.serve(settings.metrics_port, host=settings.metrics_host)
+        log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
     app = make_celery(settings)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx, directory_for=directory_for)

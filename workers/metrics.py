@@ -46,8 +46,8 @@ class WorkerMetrics:
         self._reported = 0  # engine drafts already added to the counter
         self._engine: Any = None
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, *, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
 
     def job_done(self, status: str, n: int = 1) -> None:
         if n:

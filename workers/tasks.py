@@ -8,169 +8,67 @@ so a job that kills its worker uses up only its own attempts, not its batch-mate
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import Any
 
 from celery import Celery
 from celery.worker import state as worker_state
 from celery_batches import Batches
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
-from workers.metrics import WorkerMetrics
+from workers.context import WorkerContext
+from workers.record import load_inputs, record
 from workers.runner import JobInput, JobOutput
 from workers.swap import adopt_pending
-from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
-from yue2_jobs.db.models import Job, JobStatus
-from yue2_jobs.errors import InvalidRequestError
-from yue2_jobs.jobs.batches import job_output_body, try_finalize
-from yue2_jobs.jobs.service import file_key, output_key
-from yue2_jobs.jobs.state import claim_jobs, finish_jobs
+from yue2_jobs.core.retry import retrying, transient
+from yue2_jobs.db.models import Job
+from yue2_jobs.jobs.batches import try_finalize
+from yue2_jobs.jobs.state import claim_jobs
 from yue2_jobs.queue import TASK_NAME
-from yue2_jobs.storage import Storage
 
 log = logging.getLogger(__name__)
-RETRYABLE_SQLSTATES = {"40P01", "40001"}  # deadlock_detected, serialization_failure
-
-
-@dataclass
-class WorkerContext:
-    settings: Settings
-    sessions: sessionmaker[Session]
-    storage: Storage
-    runner: Any  # workers.runner.ModelRunner or a test's runner with the same `run` and `checkpoint`
-    name: str
-    claims: dict[str, str] = field(default_factory=dict)  # job id -> claim token, renewed by the heartbeat
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
-    recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
-    uploader: Uploader | None = None
-    metrics: WorkerMetrics | None = None
-    # Held by each micro-batch from its first claim to its last record; a hot swap takes it to
-    # replace `runner`, so the switch falls between micro-batches (workers.swap).
-    swap_lock: threading.Lock = field(default_factory=threading.Lock)
-    swap_status: dict[str, Any] = field(default_factory=dict)
-    pending_runner: Any = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
-    report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
-
-    def __post_init__(self) -> None:
-        if self.uploader is None:
-            self.uploader = Uploader(self.settings, self.storage)
-        if self.metrics is None:
-            engine = getattr(self.runner, "engine", None)
-            self.metrics = WorkerMetrics(worker=self.name, max_rows=engine.max_rows if engine else 1)
-
-
-def _failure(exc: BaseException) -> dict[str, Any]:
-    code = "invalid_input" if isinstance(exc, InvalidRequestError) else "job_failed"
-    return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
-
-
-def _failed(runner: Any, row: Any, exc: BaseException) -> dict[str, Any]:
-    return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
-            "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
-
-
-def _load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]]]:
-    inputs: list[JobInput] = []
-    failed: list[dict[str, Any]] = []
-    for row in rows:
-        try:
-            text = row.input_text if row.input_key is None else ctx.storage.get(row.input_key).decode()
-            inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
-        except Exception as exc:  # storage failure for one input fails only that job
-            failed.append(_failed(ctx.runner, row, exc))
-    return inputs, failed
-
-
-def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput
-                  ) -> tuple[list[Future[None]], dict[str, Any]]:
-    key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
-    values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
-              "input_tokens": out.input_tokens,
-              "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
-    job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
-    assert ctx.uploader is not None
-    body = job_output_body(job, out.text)
-    puts = []
-    if out.files:  # a render job's images, beside its JSON
-        body["files"] = {suffix: file_key(key, suffix) for suffix, _, _ in out.files}
-        puts = [ctx.uploader.submit(file_key(key, suffix), data, ctype) for suffix, data, ctype in out.files]
-    body.update(out.extra or {})
-    puts.append(ctx.uploader.submit(key, json.dumps(body, ensure_ascii=False).encode()))
-    inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
-    return puts, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
-                  "output_text": inline, "error": None, **values}
-
-
-def _record(ctx: WorkerContext, runner: Any, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
-            failed: list[dict[str, Any]]) -> None:
-    """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
-    have replaced `ctx.runner` since)."""
-    by_id = {r.id: r for r in rows}
-    results = list(failed)
-    puts: list[tuple[list[Future[None]], Any, dict[str, Any]]] = []
-    for job_in, out in zip(inputs, outputs, strict=True):
-        row = by_id[job_in.id]
-        if isinstance(out, JobOutput):
-            put, result = _store_output(ctx, runner, row, out)
-            puts.append((put, row, result))
-        else:
-            results.append(_failed(runner, row, out))
-    for uploads, row, result in puts:
-        try:
-            for upload in uploads:
-                upload.result()
-            results.append(result)
-        except Exception as exc:  # this job's output did not reach storage: it fails alone
-            results.append(_failed(runner, row, exc))
-    for attempt in range(3):
-        try:
-            with ctx.sessions() as session:
-                finish_jobs(session, results)
-            break
-        except OperationalError as exc:  # deadlock or serialization failure: the transaction is safe to redo
-            if getattr(exc.orig, "sqlstate", None) not in RETRYABLE_SQLSTATES or attempt == 2:
-                raise
-            log.warning("recording %d results: %s; retrying", len(results), exc.orig)
-    assert ctx.metrics is not None
-    for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
-        ctx.metrics.job_done(str(status), sum(r["status"] == status for r in results))
-    ctx.metrics.tokens_done(tokens=sum(r.get("output_tokens") or 0 for r in results),
-                            nar_tokens=sum(r.get("nar_tokens") or 0 for r in results))
-    with ctx.lock:
-        for row in rows:
-            ctx.claims.pop(row.id, None)
 
 
 def _wait(pending: list[Future[None]]) -> None:
-    for future in pending:
-        future.result()
-    pending.clear()
+    try:
+        for future in pending:
+            future.result()
+    finally:
+        pending.clear()
+
+
+def _in_db(ctx: WorkerContext, session: Session, what: str, fn: Any) -> Any:
+    """`fn()` on `session`, retried through a database outage (the session is rolled back between tries)."""
+    return retrying(fn, deadline=time.monotonic() + ctx.settings.outage_retry_s, what=what,
+                    on_retry=session.rollback)
 
 
 def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     """Claim, run and record `job_ids`; ids that are finished or held by a live claim are skipped.
 
-    Returns once every result is recorded, so the caller's ack never precedes the record.
+    Returns once every result is recorded, so the caller's ack never precedes the record. If it
+    raises (an outage outlasted `outage_retry_s`), every claim it took is let go: their leases run
+    out and the reconciler reruns those jobs, and jobs it never claimed are still `queued`.
     """
     s = ctx.settings
     job_ids = list(dict.fromkeys(job_ids))
     pending: list[Future[None]] = []
     batch_ids: set[str] = set()
+    claimed: set[str] = set()
     t_start, decode_s = time.perf_counter(), 0.0
     try:
         with ctx.sessions() as session:
-            attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
-            session.commit()
+            def read_attempts() -> dict[str, int]:
+                found = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
+                session.commit()
+                return found
+
+            attempts = _in_db(ctx, session, "reading attempts", read_attempts)
             fresh = [j for j in job_ids if attempts.get(j) == 0]
             suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
             # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
@@ -178,51 +76,78 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             size = s.batch_max_jobs
             groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
             if getattr(ctx.runner, "engine", None) is not None:
-                decode_s += _run_continuous(ctx, session, groups, pending, batch_ids)
+                decode_s += _run_continuous(ctx, session, groups, pending, batch_ids, claimed)
                 groups = []
             for group in [*groups, *([j] for j in suspects)]:
                 if len(group) == 1 and group[0] in suspects:
                     _wait(pending)  # a suspect may kill this process: keep what is done so far
                 adopt_pending(ctx)  # a hot swap lands between groups
-                rows = _claim(ctx, session, group, batch_ids)
+                rows = _claim(ctx, session, group, batch_ids, claimed)
                 if not rows:
                     continue
                 runner = ctx.runner
-                inputs, failed = _load_inputs(ctx, rows)
+                inputs, failed, _ = load_inputs(ctx, rows)
                 t_decode = time.perf_counter()
                 outputs = runner.run(inputs) if inputs else []
                 decode_s += time.perf_counter() - t_decode
-                pending.append(ctx.recorder.submit(_record, ctx, runner, rows, inputs, outputs, failed))
+                pending.append(ctx.recorder.submit(record, ctx, runner, rows, inputs, outputs, failed))
     finally:
-        _wait(pending)
-    with ctx.sessions() as session:
-        for batch_id in batch_ids - {None}:
-            try_finalize(session, batch_id=batch_id, storage=ctx.storage)
+        try:
+            _wait(pending)
+        finally:
+            ctx.let_go(claimed)  # recorded ones are gone already; the rest are given back
+    _finalize(ctx, batch_ids)
     log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
              decode_s)
 
 
-def _claim(ctx: WorkerContext, session: Session, group: list[str], batch_ids: set[str]) -> list[Any]:
+def _finalize(ctx: WorkerContext, batch_ids: set[str]) -> None:
+    for batch_id in batch_ids - {None}:
+        try:
+            with ctx.sessions() as session:
+                try_finalize(session, batch_id=batch_id, storage=ctx.storage)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            # Its files are written by the reconciler's next pass once the outage is over.
+            log.warning("finalizing batch %s: %s; the reconciler will finish it", batch_id, type(exc).__name__)
+
+
+def _claim(ctx: WorkerContext, session: Session, group: list[str], batch_ids: set[str], claimed: set[str]
+           ) -> list[Any]:
     s = ctx.settings
-    rows, exhausted = claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s,
-                                 max_attempts=s.max_attempts)
+
+    def claim() -> tuple[list[Any], list[str]]:
+        return claim_jobs(session, job_ids=group, worker=ctx.name, lease_s=s.lease_s, max_attempts=s.max_attempts)
+
+    rows, exhausted = _in_db(ctx, session, f"claiming {len(group)} jobs", claim)
     if exhausted:
         log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
         batch_ids.update(session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars())
-    with ctx.lock:
-        ctx.claims.update({r.id: r.claim_token for r in rows})
+    ctx.hold(rows)
+    claimed.update(r.id for r in rows)
     batch_ids.update(r.batch_id for r in rows)
     return rows
 
 
 def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]], pending: list[Future[None]],
-                    batch_ids: set[str]) -> float:
+                    batch_ids: set[str], claimed: set[str]) -> float:
     """Fresh jobs through the continuous-batching engine; returns the seconds spent decoding.
 
     Groups are claimed as the engine's queue runs low (one row set ahead), so claims are not held
     long before their decode; finished jobs are recorded in groups of `batch_max_jobs`, or after
-    `batch_flush_ms` when fewer finish, so latency does not wait for the slowest row.
+    `batch_flush_ms` when fewer finish, so latency does not wait for the slowest row. If this
+    raises, the engine's rows are dropped (their claims are let go by the caller).
     """
+    try:
+        return _continuous_loop(ctx, session, groups, pending, batch_ids, claimed)
+    except BaseException:
+        ctx.runner.engine.abandon()
+        raise
+
+
+def _continuous_loop(ctx: WorkerContext, session: Session, groups: list[list[str]], pending: list[Future[None]],
+                     batch_ids: set[str], claimed: set[str]) -> float:
     runner, engine, s = ctx.runner, ctx.runner.engine, ctx.settings
     assert ctx.metrics is not None
     todo = deque(groups)
@@ -233,7 +158,7 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
 
     def flush() -> None:
         rows = [rows_by_id.pop(job.id) for job, _ in done]
-        pending.append(ctx.recorder.submit(_record, ctx, runner, rows, [j for j, _ in done], [o for _, o in done],
+        pending.append(ctx.recorder.submit(record, ctx, runner, rows, [j for j, _ in done], [o for _, o in done],
                                            []))
         done.clear()
 
@@ -245,13 +170,13 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
             adopt_pending(ctx)
             runner, engine = ctx.runner, ctx.runner.engine
         while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
-            rows = _claim(ctx, session, todo.popleft(), batch_ids)
+            rows = _claim(ctx, session, todo.popleft(), batch_ids, claimed)
             if not rows:
                 continue
-            inputs, failed = _load_inputs(ctx, rows)
+            inputs, failed, _ = load_inputs(ctx, rows)
             if failed:
                 failed_ids = {f["id"] for f in failed}
-                pending.append(ctx.recorder.submit(_record, ctx, runner, [r for r in rows if r.id in failed_ids],
+                pending.append(ctx.recorder.submit(record, ctx, runner, [r for r in rows if r.id in failed_ids],
                                                    [], [], failed))
             rows_by_id.update((r.id, r) for r in rows)
             other = [j for j in inputs if not runner.continuous_ok(j)]

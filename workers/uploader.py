@@ -1,4 +1,4 @@
-"""Output uploads off the decoding thread's GIL.
+"""Output uploads off the decoding thread's GIL, retried through a storage outage.
 
 boto3 spends about 2 ms of Python per PUT; in threads of the worker process that time is taken
 from the decoding loop (CPU-bound Python op dispatch). For S3 the PUTs run in two spawned helper
@@ -13,6 +13,7 @@ import signal
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.retry import retrying
 from yue2_jobs.storage import Storage, storage_from_url
 
 _storage: Storage | None = None
@@ -33,9 +34,13 @@ def _init(url: str, endpoint_url: str | None, region: str) -> None:
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
 
 
-def _put(key: str, data: bytes, content_type: str) -> None:
+def _put(key: str, data: bytes, content_type: str, deadline: float) -> None:
     assert _storage is not None
-    _storage.put(key, data, content_type=content_type)
+    _put_with(_storage, key, data, content_type, deadline)
+
+
+def _put_with(storage: Storage, key: str, data: bytes, content_type: str, deadline: float) -> None:
+    retrying(lambda: storage.put(key, data, content_type=content_type), deadline=deadline, what=f"storing {key}")
 
 
 class Uploader:
@@ -50,7 +55,9 @@ class Uploader:
         else:
             self.pool = ThreadPoolExecutor(4, "yue2-put")
 
-    def submit(self, key: str, data: bytes, content_type: str = "application/json") -> Future[None]:
+    def submit(self, key: str, data: bytes, content_type: str = "application/json", *,
+               deadline: float) -> Future[None]:
+        """PUT `key`; a storage outage is retried with backoff until `deadline` (time.monotonic())."""
         if self.in_processes:
-            return self.pool.submit(_put, key, data, content_type)
-        return self.pool.submit(self.storage.put, key, data, content_type=content_type)
+            return self.pool.submit(_put, key, data, content_type, deadline)
+        return self.pool.submit(_put_with, self.storage, key, data, content_type, deadline)

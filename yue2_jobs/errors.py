@@ -74,6 +74,12 @@ class ConflictError(PipelineError):
     """Raised when an action does not fit the object's state (cancelling a finished batch, say)."""
 
 
+class ServiceUnavailableError(PipelineError):
+    """Raised when a dependency (the database, a connection pool) cannot serve now; the caller may retry (503)."""
+
+    retryable = True
+
+
 class StorageError(PipelineError):
     """Raised when the object store fails permanently (missing bucket, access denied, missing key)."""
 

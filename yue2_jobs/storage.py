@@ -20,6 +20,7 @@ from yue2_jobs.errors import StorageError, StorageUnavailableError
 class Storage(Protocol):
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None: ...
     def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, start: int, end: int) -> bytes: ...
     def url(self, key: str, *, expires_s: int) -> str | None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
 
@@ -48,6 +49,15 @@ class LocalStorage:
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(f"storage key {key!r} does not exist") from exc
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `key`."""
+        try:
+            with self._path(key).open("rb") as f:
+                f.seek(start)
+                return f.read(end - start)
         except FileNotFoundError as exc:
             raise StorageError(f"storage key {key!r} does not exist") from exc
 
@@ -102,6 +112,12 @@ class S3Storage:
     def get(self, key: str) -> bytes:
         with _translate_boto(key):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of `key` (one ranged GET)."""
+        with _translate_boto(key):
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                          Range=f"bytes={start}-{end - 1}")["Body"].read()
 
     def url(self, key: str, *, expires_s: int) -> str | None:
         with _translate_boto(key):

@@ -94,21 +94,43 @@ def redis_url() -> str:
     return REDIS_URL
 
 
-@pytest.fixture(scope="session")
-def s3() -> Iterator[dict[str, str]]:
-    """A moto S3 server on a free port, reached over HTTP like any S3 endpoint."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+class S3Server:
+    """A moto S3 server on a fixed free port, reached over HTTP like any S3 endpoint. `stop` and
+    `start` make an outage: moto keeps its objects in this process, so they survive it."""
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    def __init__(self) -> None:
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.server: Any = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    server = S3Server()
     server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="yue2-test")
-    yield {"endpoint": endpoint, "bucket": "yue2-test"}
+    yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(s3_server: S3Server) -> dict[str, str]:
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server.endpoint, region_name="us-east-1").create_bucket(Bucket="yue2-test")
+    return {"endpoint": s3_server.endpoint, "bucket": "yue2-test"}
 
 
 @pytest.fixture(scope="session")

@@ -20,11 +20,14 @@ def small(pipeline_env: dict[str, str]) -> Any:
     from yue2_jobs.api.app import create_app
 
     settings = make_settings(pipeline_env, max_input_chars=500, max_batch_items=10, max_request_bytes=4096,
-                             max_file_bytes=20_000, max_new_tokens_limit=64,
+                             max_file_bytes=20_000, max_new_tokens_limit=64, metrics_token=METRICS_TOKEN,
                              broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/4")
     with TestClient(create_app(settings)) as http:
         yield settings, http
     redis.Redis.from_url(settings.broker_url).flushdb()
+
+
+METRICS_TOKEN = "operator-token-0123456789"
 
 
 def auth(settings: Any, tenant: str | None = None) -> dict[str, str]:
@@ -168,8 +171,15 @@ def test_fifty_thousand_items_are_accepted(pipeline_env: dict[str, str]) -> None
 
 def test_healthz_and_metrics(small: Any) -> None:
     settings, http = small
-    assert http.get("/healthz").json() == {"status": "ok", "database": "ok", "broker": "ok"}
+    health = http.get("/healthz").json()
+    assert {k: health[k] for k in ("status", "database", "broker")} == {"status": "ok", "database": "ok",
+                                                                          "broker": "ok"}
+    assert set(health["variants_without_workers"]) <= {"base", "legal"}
     http.post("/v1/jobs", headers=auth(settings), json={"input": "count me"})
-    text = http.get("/metrics").text
+    # Job counts span every tenant: a tenant's key, no key or a wrong token cannot read them.
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/metrics", headers=auth(settings)).status_code == 401
+    assert http.get("/metrics", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    text = http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}).text
     assert 'yue2_api_requests_total{method="POST",route="/v1/jobs",status="201"}' in text
     assert 'yue2_jobs{status="queued"}' in text

@@ -41,7 +41,7 @@ def test_two_nodes_four_gpus_each(tmp_path: Path) -> None:
     assert [gpu_numa_node(g, sysfs) for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
     kids = plan_children(variant="base", gpus=gpus, procs=1, sysfs=sysfs, cpus=list(range(96)), host="h1",
                          numactl="/usr/bin/numactl", metrics_port=9100)
-    assert [k.name for k in kids] == [f"gpu{i}@h1" for i in range(8)]
+    assert [k.name for k in kids] == [f"base-gpu{i}@h1" for i in range(8)]
     node0, node1 = [*range(0, 16), *range(64, 80)], [*range(16, 32), *range(80, 96)]
     for i, k in enumerate(kids):
         assert k.env["CUDA_VISIBLE_DEVICES"] == f"GPU-{i:04d}"
@@ -53,7 +53,7 @@ def test_two_nodes_four_gpus_each(tmp_path: Path) -> None:
         assert k.cpus == (node0 if i < 4 else node1)
         node = k.numa_node
         assert k.argv[:3] == ["/usr/bin/numactl", f"--cpunodebind={node}", f"--membind={node}"]
-        assert k.argv[-2:] == ["--name", f"gpu{i}@h1"] and "--child" in k.argv
+        assert k.argv[-2:] == ["--name", f"base-gpu{i}@h1"] and "--child" in k.argv
 
 
 def test_one_node_host_without_numactl(tmp_path: Path) -> None:
@@ -68,11 +68,18 @@ def test_one_node_host_without_numactl(tmp_path: Path) -> None:
     assert "--variant" in kids[0].argv and "legal" in kids[0].argv
 
 
+def test_workers_of_two_variants_on_one_host_have_distinct_node_names(tmp_path: Path) -> None:
+    # One node name for both (cpu0@vm) made them share a worker_processes row and a Flower entry.
+    names = {v: [k.name for k in plan_children(variant=v, gpus=[], procs=2, sysfs=tmp_path / "none", cpus=[0, 1],
+                                               host="vm", numactl=None)] for v in ("base", "fonts")}
+    assert names == {"base": ["base-cpu0@vm", "base-cpu1@vm"], "fonts": ["fonts-cpu0@vm", "fonts-cpu1@vm"]}
+
+
 def test_cpu_only_hosts_split_the_cores(tmp_path: Path) -> None:
     sysfs = fake_sysfs(tmp_path, {0: "0-7", 1: "8-15"}, {})
     kids = plan_children(variant="base", gpus=[], procs=4, sysfs=sysfs, cpus=list(range(16)), host="c",
                          numactl="/usr/bin/numactl")
-    assert [k.name for k in kids] == ["cpu0@c", "cpu1@c", "cpu2@c", "cpu3@c"]
+    assert [k.name for k in kids] == ["base-cpu0@c", "base-cpu1@c", "base-cpu2@c", "base-cpu3@c"]
     assert [k.cpus for k in kids] == [[0, 1, 2, 3], [8, 9, 10, 11], [4, 5, 6, 7], [12, 13, 14, 15]]
     assert [k.numa_node for k in kids] == [0, 1, 0, 1]
     assert all(k.env["CUDA_VISIBLE_DEVICES"] == "" and k.env["YUE2_TORCH_THREADS"] == "4" for k in kids)
@@ -129,18 +136,18 @@ def test_children_get_their_affinity_and_environment_and_crashes_restart_with_ba
             assert got["cpus"] == k.cpus, (got, k.cpus)  # sched_setaffinity took effect in the child
             assert got["cuda"] == "" and got["threads"] == str(len(k.cpus))
         # Crash one child: it comes back (new pid, same CPUs) after its backoff; the other is untouched.
-        os.kill(first["cpu0@t"]["pid"], signal.SIGKILL)
+        os.kill(first["base-cpu0@t"]["pid"], signal.SIGKILL)
         wait_for(lambda: len(_records(probes)) >= 3, timeout=30, what="the restart", interval=0.05)
         again = _records(probes)[2]
-        assert again["name"] == "cpu0@t" and again["pid"] != first["cpu0@t"]["pid"]
-        assert again["cpus"] == first["cpu0@t"]["cpus"]
-        assert "cpu0@t exited with -9; restarting in 1.0s" in out.read_text()
-        os.kill(first["cpu1@t"]["pid"], 0)  # still alive
+        assert again["name"] == "base-cpu0@t" and again["pid"] != first["base-cpu0@t"]["pid"]
+        assert again["cpus"] == first["base-cpu0@t"]["cpus"]
+        assert "base-cpu0@t exited with -9; restarting in 1.0s" in out.read_text()
+        os.kill(first["base-cpu1@t"]["pid"], 0)  # still alive
         # SIGTERM: children are stopped and the supervisor exits; none is restarted.
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
         assert len(_records(probes)) == 3
-        for pid in (again["pid"], first["cpu1@t"]["pid"]):
+        for pid in (again["pid"], first["base-cpu1@t"]["pid"]):
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
     finally:
@@ -159,7 +166,7 @@ def test_dry_run_prints_the_plan_for_this_host() -> None:
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
-    assert [c["name"] for c in plan] == ["cpu0@h", "cpu1@h"]
+    assert [c["name"] for c in plan] == ["base-cpu0@h", "base-cpu1@h"]
     assert sorted(c for child in plan for c in child["cpus"]) == sorted(os.sched_getaffinity(0)) or \
         len(os.sched_getaffinity(0)) < 2
     assert all(child["argv"][-2:] == ["--name", child["name"]] for child in plan)

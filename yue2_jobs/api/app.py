@@ -1,19 +1,20 @@
-"""The FastAPI app: routes, the request-size limit, error translation, /healthz and /metrics."""
+"""The FastAPI app: routes, request limits, error translation, /healthz and /metrics."""
 
 from __future__ import annotations
 
-import time
+import hmac
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select, text
-from sqlalchemy.exc import OperationalError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 
 from yue2_jobs.api.deps import AppState
 from yue2_jobs.api.job_reader import JobReader
+from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
 from yue2_jobs.api.routes import batches, experiments, jobs
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job
@@ -26,78 +27,69 @@ from yue2_jobs.errors import (
     PipelineError,
     StorageError,
 )
+from yue2_jobs.jobs.capacity import unserved
 from yue2_jobs.queue import make_celery
 from yue2_jobs.storage import storage_from_url
 
 
-def _error(status: int, message: str, *, type_: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    # OpenAI's error shape, which its client turns into exceptions.
-    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}}, status)
+def _pipeline_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PipelineError)
+    if isinstance(exc, InvalidRequestError):
+        return error_response(exc.status, str(exc), type_="invalid_request_error", param=exc.field, code=exc.code)
+    if isinstance(exc, NotFoundError):
+        return error_response(404, str(exc), type_="not_found_error")
+    if isinstance(exc, AuthError):
+        return error_response(401, str(exc), type_="authentication_error")
+    if isinstance(exc, ConflictError):
+        return error_response(409, str(exc), type_="conflict_error")
+    if isinstance(exc, StorageError) or exc.retryable:
+        return error_response(503, str(exc), type_="service_unavailable")
+    return error_response(500, str(exc), type_="server_error")
 
 
-class BodyLimitMiddleware:
-    """413 for a body over the limit, whether it declares a Content-Length or streams chunks."""
+def _install_error_handlers(app: FastAPI) -> None:
+    """Foreign errors are translated here: whatever validation missed is a 4xx or a 503, never a 500."""
+    app.add_exception_handler(PipelineError, _pipeline_error)
 
-    def __init__(self, app: ASGIApp, *, json_limit: int, file_limit: int) -> None:
-        self.app, self.json_limit, self.file_limit = app, json_limit, file_limit
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+        return error_response(503, f"database unavailable: {type(exc.orig).__name__}", type_="service_unavailable")
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        is_file = scope["path"] == "/v1/files"
-        limit, field = (self.file_limit, "file") if is_file else (self.json_limit, "request body")
-        declared = dict(scope["headers"]).get(b"content-length")
-        too_big = _error(413, f"{field} is over the limit of {limit:,} bytes", type_="invalid_request_error",
-                         param=field, code="limit_exceeded")
-        if declared is not None and int(declared) > limit + (64 * 1024 if is_file else 0):
-            await too_big(scope, receive, send)
-            return
-        seen = 0
+    @app.exception_handler(DataError)
+    async def unstorable_value(_: Request, exc: DataError) -> JSONResponse:
+        return error_response(400, f"a value in the request cannot be stored: {type(exc.orig).__name__}",
+                              type_="invalid_request_error", code="invalid_value")
 
-        async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > limit + (64 * 1024 if is_file else 0):  # multipart framing around the file
-                raise _TooLarge
-            return message
+    @app.exception_handler(IntegrityError)
+    async def conflicting_value(_: Request, exc: IntegrityError) -> JSONResponse:
+        return error_response(409, f"the request conflicts with stored data: {type(exc.orig).__name__}",
+                              type_="conflict_error")
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
-            await too_big(scope, receive, send)
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
+        return error_response(422, f"{field}: {err['msg']}", type_="invalid_request_error", param=field)
 
 
-class _TooLarge(Exception):
-    pass
-
-
-class MetricsMiddleware:
-    """Request counts and latency by route template; plain ASGI (BaseHTTPMiddleware costs ~1 ms)."""
-
-    def __init__(self, app: ASGIApp, *, requests: Counter, latency: Histogram) -> None:
-        self.app, self.requests, self.latency = app, requests, latency
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        t0 = time.perf_counter()
-        status = 500
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.latency.labels(scope["method"], route).observe(time.perf_counter() - t0)
-            self.requests.labels(scope["method"], route, str(status)).inc()
+def _health(state: AppState) -> JSONResponse:
+    checks: dict[str, Any] = {}
+    try:
+        with state.sessions() as session:
+            session.execute(text("SELECT 1"))
+            checks["variants_without_workers"] = unserved(session, state.settings.checkpoints)
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        with state.celery.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+        checks["broker"] = "ok"
+    except Exception as exc:
+        checks["broker"] = f"error: {type(exc).__name__}"
+    # No worker for a variant is reported, not failed: the API itself serves, and jobs wait queued.
+    ok = checks["database"] == "ok" and checks["broker"] == "ok"
+    return JSONResponse({"status": "ok" if ok else "degraded", **checks}, 200 if ok else 503)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -117,53 +109,23 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)  # type: ignore[arg-type]
     app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes,  # type: ignore[arg-type]
                        file_limit=settings.max_file_bytes)
-
-    @app.exception_handler(PipelineError)
-    async def pipeline_error(_: Request, exc: PipelineError) -> JSONResponse:
-        if isinstance(exc, InvalidRequestError):
-            return _error(exc.status, str(exc), type_="invalid_request_error", param=exc.field, code=exc.code)
-        if isinstance(exc, NotFoundError):
-            return _error(404, str(exc), type_="not_found_error")
-        if isinstance(exc, AuthError):
-            return _error(401, str(exc), type_="authentication_error")
-        if isinstance(exc, ConflictError):
-            return _error(409, str(exc), type_="conflict_error")
-        if isinstance(exc, StorageError) or exc.retryable:
-            return _error(503, str(exc), type_="service_unavailable")
-        return _error(500, str(exc), type_="server_error")
-
-    @app.exception_handler(OperationalError)
-    async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
-        # foreign error translated at the boundary: the caller may retry
-        return _error(503, f"database unavailable: {type(exc.orig).__name__}", type_="service_unavailable")
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
-        return _error(422, f"{field}: {err['msg']}", type_="invalid_request_error", param=field)
+    app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)  # type: ignore[arg-type]
+    _install_error_handlers(app)
 
     @app.get("/healthz")
     def healthz() -> JSONResponse:
-        state: AppState = app.state.yue2
-        checks: dict[str, str] = {}
-        try:
-            with state.sessions() as session:
-                session.execute(text("SELECT 1"))
-            checks["database"] = "ok"
-        except Exception as exc:
-            checks["database"] = f"error: {type(exc).__name__}"
-        try:
-            with state.celery.connection_for_write() as conn:
-                conn.ensure_connection(max_retries=1, timeout=2)
-            checks["broker"] = "ok"
-        except Exception as exc:
-            checks["broker"] = f"error: {type(exc).__name__}"
-        ok = all(v == "ok" for v in checks.values())
-        return JSONResponse({"status": "ok" if ok else "degraded", **checks}, 200 if ok else 503)
+        return _health(app.state.yue2)
 
-    @app.get("/metrics")
-    def metrics() -> PlainTextResponse:
+    @app.get("/metrics", response_model=None)
+    def metrics(request: Request) -> Response:
+        # Job counts span every tenant: only the operator's token may read them.
+        token = settings.metrics_token
+        sent = request.headers.get("authorization", "")
+        if token is None:
+            return error_response(404, "/metrics is off: set YUE2_METRICS_TOKEN to serve it", type_="not_found_error")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            return error_response(401, "/metrics needs `Authorization: Bearer <YUE2_METRICS_TOKEN>`",
+                                  type_="authentication_error")
         with app.state.yue2.sessions() as session:
             for status, n in session.execute(select(Job.status, func.count()).group_by(Job.status)).all():
                 jobs_by_status.labels(status).set(n)

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.auth import cached_tenant, tenant_for_key
 from yue2_jobs.core.config import Settings
+from yue2_jobs.errors import AuthError
 from yue2_jobs.storage import Storage
 
 
@@ -43,7 +44,12 @@ def _lookup_tenant(sessions: sessionmaker[Session], secret: str | None) -> str:
 async def get_tenant(state: Annotated[AppState, Depends(get_state)],
                      authorization: Annotated[str | None, Header()] = None) -> str:
     # async, so that a cached key costs no trip through the thread pool
-    secret = authorization.removeprefix("Bearer ").strip() if authorization else None
+    if authorization is None:
+        raise AuthError("no API key: send `Authorization: Bearer <key>`")
+    scheme, _, secret = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise AuthError("the Authorization header must be `Bearer <key>`")
+    secret = secret.strip()
     return cached_tenant(secret) or await run_in_threadpool(_lookup_tenant, state.sessions, secret)
 
 

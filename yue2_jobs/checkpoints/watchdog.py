@@ -33,9 +33,9 @@ from yue2_jobs.checkpoints.validate import RougeGate, validate_version
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import WorkerGoneError
+from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 
 log = logging.getLogger("yue2.watchdog")
-LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
 
 
 def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[str]:

@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(50_000, ge=1, description="Most lines one batch input file may hold.")
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload to POST /v1/files.")
     max_request_bytes: int = Field(1024 * 1024, ge=1, description="Largest JSON request body.")
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="Largest request headers, names and values "
+                                  "together (431 above it).")
     inline_input_bytes: int = Field(8 * 1024, ge=0, description="Inputs above this go to storage, not the row.")
     inline_output_bytes: int = Field(8 * 1024, ge=0, description="Outputs up to this are kept in the row too.")
 
@@ -58,6 +60,10 @@ class Settings(BaseSettings):
     lease_s: float = Field(120.0, gt=0, description="A claim lasts this long unless its worker renews it.")
     visibility_timeout_s: int = Field(
         6 * 3600, ge=60, description="Redis redelivers an unacked task after this; above the longest backlog."
+    )
+    outage_retry_s: float = Field(
+        300.0, gt=0, description="How long a worker retries recording results through a database or storage "
+        "outage (with backoff) before it gives its jobs back: their leases expire and the reconciler reruns them."
     )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often a worker runs the reconciler.")
     reconcile_grace_s: float = Field(30.0, ge=0, description="A queued job is checked against the broker after this.")
@@ -78,6 +84,8 @@ class Settings(BaseSettings):
     )
     worker_procs: int = Field(1, ge=1, description="Worker processes on a host without GPUs (they split the cores).")
     worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts.")
+    metrics_host: str = Field("127.0.0.1", description="Address a worker's metrics endpoint binds (0.0.0.0 for a "
+                              "Prometheus on another host).")
     metrics_port: int = Field(0, ge=0, le=65535, description="First worker's Prometheus port (0: no endpoint); "
                               "child i of the launcher serves metrics_port + i.")
     flower_port: int = Field(5555, ge=1, le=65535, description="Port `yue2 flower` binds.")
@@ -113,6 +121,8 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")
     presign_expiry_s: int = Field(3600, ge=1, description="Lifetime of presigned output URLs.")
+    metrics_token: str | None = Field(None, min_length=16, description="Bearer token the API's /metrics requires "
+                                      "(its job counts span every tenant); unset, /metrics is off.")
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -16,11 +16,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import check_text, require_id
 from yue2_jobs.db.models import Experiment, ExperimentMode
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import InvalidRequestError, NotFoundError
 
 MAX_VARIANTS = 8
+MAX_NAME_CHARS = 200  # experiments.name
 
 
 def create_experiment(session: Session, *, tenant: str, name: str, mode: str, variants: list[dict[str, Any]],
@@ -28,6 +30,7 @@ def create_experiment(session: Session, *, tenant: str, name: str, mode: str, va
     """`variants`: [{"variant": name, "weight": w}, ...], control first; weights matter in `split` only."""
     from yue2_jobs.jobs.service import new_id
 
+    check_text(name, field="name", max_chars=MAX_NAME_CHARS)
     if mode not in tuple(ExperimentMode):
         raise InvalidRequestError(f"mode must be one of {[m.value for m in ExperimentMode]}, not {mode!r}",
                                   field="mode")
@@ -51,6 +54,7 @@ def create_experiment(session: Session, *, tenant: str, name: str, mode: str, va
 
 
 def get_experiment(session: Session, *, tenant: str, experiment_id: str) -> Experiment:
+    require_id(experiment_id, what="experiment")
     exp = session.execute(select(Experiment).where(Experiment.id == experiment_id, Experiment.tenant == tenant)
                           ).scalar_one_or_none()
     if exp is None:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.fonts.catalog import STYLES
 
 FONTS_VARIANT = "fonts"  # the queue (`yue2.fonts`) and worker variant of render jobs: CPU workers, no model
@@ -18,8 +19,8 @@ class RenderBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["render_font"] | None = None
-    custom_id: str | None = Field(None, max_length=512)
-    text: str
+    custom_id: SafeStr | None = Field(None, max_length=512)
+    text: SafeStr
     style: Literal[STYLES] = "print"  # type: ignore[valid-type]
     pen_pressure: float = Field(0.5, ge=0, le=1, description="0..1: stroke weight and ink density")
     stroke_width: float = Field(2.0, ge=1, le=20, description="nominal pen width, px")

@@ -56,7 +56,9 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
     `force` redoes a finalization whose writer died half-way (the reconciler uses it).
     """
     now = utcnow()
-    starting = (Batch.status.in_((BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)) & Batch.finalizing_at.is_(None))
+    # `finalizing` with no finalizing_at: a finalization that gave up on an outage, free to redo.
+    starting = (Batch.status.in_((BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING, BatchStatus.FINALIZING))
+                & Batch.finalizing_at.is_(None))
     if force:
         starting = starting | (Batch.status == BatchStatus.FINALIZING) | (
             (Batch.status == BatchStatus.CANCELLING) & Batch.finalizing_at.is_not(None))
@@ -70,6 +72,23 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
     if claimed is None:
         return False
     _, tenant, status = claimed
+    try:
+        _write_files(session, batch_id=batch_id, tenant=tenant, status=status, storage=storage)
+    except BaseException:
+        # Storage or the database failed part-way: hand the finalization back at once (the next
+        # reconciler pass redoes it) rather than leave it to go stale. The files are rewritten whole.
+        session.rollback()
+        try:
+            session.execute(update(Batch).where(Batch.id == batch_id, Batch.finalizing_at == now)
+                            .values(finalizing_at=None))
+            session.commit()
+        except Exception:  # the database is down too: the reconciler forces it once it is stale
+            session.rollback()
+        raise
+    return True
+
+
+def _write_files(session: Session, *, batch_id: str, tenant: str, status: str, storage: Storage) -> None:
     ok_lines, err_lines = [], []
     for job in session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)).scalars():
         ok, line = _result_line(job, storage)
@@ -93,7 +112,6 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
         status=final, **files, **({"cancelled_at": done_at} if final == BatchStatus.CANCELLED
                                   else {"completed_at": done_at})))
     session.commit()
-    return True
 
 
 def _case_status() -> Any:

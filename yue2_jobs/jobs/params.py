@@ -11,6 +11,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from yue2_jobs.core.config import MODES, Settings
+from yue2_jobs.core.safe import SafeStr, check_depth
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 
 M = TypeVar("M", bound=BaseModel)
@@ -38,10 +39,10 @@ class JobBody(DecodingParams):
     """The body of POST /v1/jobs, or of one batch line: the text, the variant and decoding parameters."""
 
     kind: Literal["summarize", "generate", "render_font"] | None = None
-    input: str | None = None
-    prompt: str | None = None
-    variant: str | None = None
-    custom_id: str | None = Field(None, max_length=512)
+    input: SafeStr | None = None
+    prompt: SafeStr | None = None
+    variant: SafeStr | None = Field(None, max_length=64)
+    custom_id: SafeStr | None = Field(None, max_length=512)
 
 
 class ValidatedJob(BaseModel):
@@ -70,6 +71,7 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
     if not isinstance(body, dict):
         raise InvalidRequestError(f"{field_prefix or 'body'} must be a JSON object", field=field_prefix or "body")
+    check_depth(body, field=field_prefix.rstrip(".") or "body")
     if (body.get("kind") or kind) == "render_font":
         return _validate_render(body, kind=kind, settings=settings, field_prefix=field_prefix)
     parsed = _parse(JobBody, body, field_prefix)

@@ -20,6 +20,7 @@ from sqlalchemy import or_, select, text
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.retry import transient
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.fonts.params import FONTS_VARIANT
@@ -79,8 +80,14 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
                                                             BatchStatus.FINALIZING)))).all()
     session.commit()
     for batch_id, force in open_batches:
-        if try_finalize(session, batch_id=batch_id, storage=storage, force=force):
-            report.finalized_batches.append(batch_id)
+        try:
+            if try_finalize(session, batch_id=batch_id, storage=storage, force=force):
+                report.finalized_batches.append(batch_id)
+        except Exception as exc:  # storage down: this batch waits for the next pass, the others go on
+            if not transient(exc):
+                raise
+            session.rollback()
+            log.warning("reconciler: finalizing batch %s: %s; next pass", batch_id, type(exc).__name__)
     if report.republished_queued or report.republished_expired or report.failed_exhausted:
         log.warning("reconciler: republished %d queued and %d expired jobs, failed %d exhausted",
                     len(report.republished_queued), len(report.republished_expired), len(report.failed_exhausted))

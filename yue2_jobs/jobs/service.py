@@ -7,9 +7,7 @@ enqueues whatever a crash between the two left behind.
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -17,9 +15,12 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import check_text, require_id
 from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
+from yue2_jobs.jobs.inputs import line_ref, own_input_key
+from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS, parse_batch_file
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
 from yue2_jobs.jobs.state import cancel_jobs
 from yue2_jobs.storage import Storage
@@ -38,28 +39,36 @@ def file_key(json_key: str, suffix: str) -> str:
     return f"{json_key.removesuffix('.json')}.{suffix}"
 
 
-def _job_row(job: ValidatedJob, *, tenant: str, batch_id: str | None, settings: Settings, storage: Storage,
-             now: Any) -> dict[str, Any]:
+def _job_row(job: ValidatedJob, *, tenant: str, batch_id: str | None, settings: Settings, now: Any,
+             source: str | None = None) -> dict[str, Any]:
+    """A job's row; an input over the inline limit is referenced by `input_key`: `source` (its batch
+    line) or, for a single job, its own object, which the caller writes before committing."""
     job_id = new_id("job_")
     row: dict[str, Any] = dict(id=job_id, tenant=tenant, batch_id=batch_id, custom_id=job.custom_id, kind=job.kind,
                                status=JobStatus.QUEUED, variant=job.variant, params=job.params, attempts=0,
                                created_at=now, input_text=job.text, input_key=None)
     if len(job.text.encode()) > settings.inline_input_bytes:
-        row["input_key"] = f"{tenant}/{batch_id or 'jobs'}/{job_id}.input.txt"
-        storage.put(row["input_key"], job.text.encode(), content_type="text/plain; charset=utf-8")
+        row["input_key"] = source or own_input_key(tenant=tenant, job_id=job_id)
         row["input_text"] = None
     return row
 
 
 def create_job(session: Session, *, tenant: str, body: Any, settings: Settings, storage: Storage) -> Job:
     job = validate_job(body, kind=None, settings=settings)
-    row = _job_row(job, tenant=tenant, batch_id=None, settings=settings, storage=storage, now=utcnow())
-    session.execute(insert(Job), [row])
+    row = _job_row(job, tenant=tenant, batch_id=None, settings=settings, now=utcnow())
+    session.execute(insert(Job), [row])  # the row can be written: only now may its input object be
+    if row["input_key"] is not None:
+        try:
+            storage.put(row["input_key"], job.text.encode(), content_type="text/plain; charset=utf-8")
+        except BaseException:
+            session.rollback()
+            raise
     session.commit()
     return session.get_one(Job, row["id"])
 
 
 def get_job(session: Session, *, tenant: str, job_id: str) -> Job:
+    require_id(job_id, what="job")
     job = session.execute(select(Job).where(Job.id == job_id, Job.tenant == tenant)).scalar_one_or_none()
     if job is None:
         raise NotFoundError(f"no job {job_id!r}")
@@ -68,6 +77,7 @@ def get_job(session: Session, *, tenant: str, job_id: str) -> Job:
 
 def get_job_row(session: Session, *, tenant: str, job_id: str) -> Any:
     """`get_job` as a Core row (attribute access like the ORM object), without the ORM's overhead."""
+    require_id(job_id, what="job")
     table = Job.__table__
     row = session.execute(select(table).where(table.c.id == job_id, table.c.tenant == tenant)).one_or_none()
     if row is None:
@@ -86,87 +96,28 @@ def create_file(session: Session, *, tenant: str, filename: str, purpose: str, d
                 storage: Storage) -> File:
     if purpose != "batch":
         raise InvalidRequestError(f"purpose {purpose!r} is not supported; use 'batch'", field="purpose", status=400)
+    check_text(filename, field="filename", max_chars=MAX_FILENAME_CHARS, status=400)
     file_id = new_id("file-")
     key = f"{tenant}/files/{file_id}.jsonl"
-    storage.put(key, data, content_type="application/jsonl")
     f = File(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(data), storage_key=key,
              created_at=utcnow())
     session.add(f)
+    session.flush()  # the row can be written: only now may its object be
+    try:
+        storage.put(key, data, content_type="application/jsonl")
+    except BaseException:
+        session.rollback()
+        raise
     session.commit()
     return f
 
 
 def get_file(session: Session, *, tenant: str, file_id: str) -> File:
+    require_id(file_id, what="file")
     f = session.execute(select(File).where(File.id == file_id, File.tenant == tenant)).scalar_one_or_none()
     if f is None:
         raise NotFoundError(f"no file {file_id!r}")
     return f
-
-
-@dataclass
-class ParsedLine:
-    custom_id: str
-    job: ValidatedJob | None
-    error: InvalidRequestError | None
-    reference: str | None = None
-
-
-def _line_reference(line: dict[str, Any], *, n: int, settings: Settings, in_experiment: bool) -> str | None:
-    """A line's optional `reference` (the expected output, for ROUGE in experiment reports)."""
-    if in_experiment and isinstance(line.get("body"), dict) and line["body"].get("variant") is not None:
-        raise InvalidRequestError(f"line {n}: body.variant is not allowed in a batch under an experiment; "
-                                  "the experiment assigns the variants", field="body.variant")
-    ref = line.get("reference")
-    if ref is None:
-        return None
-    if not isinstance(ref, str):
-        raise InvalidRequestError(f"line {n}: reference must be a string", field="reference")
-    if len(ref) > settings.max_input_chars:
-        raise LimitExceededError(field="reference", limit=settings.max_input_chars, actual=len(ref),
-                                 unit="characters")
-    return ref
-
-
-def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_experiment: bool = False
-                     ) -> list[ParsedLine]:
-    """Structural errors (bad JSON, missing or duplicate custom_id, wrong url, too many lines) reject
-    the whole batch at create time; a line whose body (or reference) breaks a rule becomes that
-    line's error."""
-    kind = ENDPOINTS[endpoint]
-    lines = [ln for ln in data.splitlines() if ln.strip()]
-    if not lines:
-        raise InvalidRequestError("input file has no requests", field="input_file_id", status=400)
-    if len(lines) > settings.max_batch_items:
-        raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=len(lines),
-                                 unit="requests", status=400)
-    seen: set[str] = set()
-    out: list[ParsedLine] = []
-    for n, raw in enumerate(lines, start=1):
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            raise InvalidRequestError(f"line {n} is not valid JSON", field=f"line {n}", status=400) from None
-        if not isinstance(line, dict):
-            raise InvalidRequestError(f"line {n} must be a JSON object", field=f"line {n}", status=400)
-        custom_id = line.get("custom_id")
-        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > 512:
-            raise InvalidRequestError(f"line {n}: custom_id must be a non-empty string of at most 512 characters",
-                                      field=f"line {n}.custom_id", status=400)
-        if custom_id in seen:
-            raise InvalidRequestError(f"line {n}: custom_id {custom_id!r} is used twice; each must be unique",
-                                      field=f"line {n}.custom_id", status=400)
-        seen.add(custom_id)
-        if line.get("url", endpoint) != endpoint or line.get("method", "POST") != "POST":
-            raise InvalidRequestError(f"line {n}: every request must be POST {endpoint}, the batch's endpoint",
-                                      field=f"line {n}.url", status=400)
-        try:
-            reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
-            job = validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body.")
-            job.custom_id = custom_id
-            out.append(ParsedLine(custom_id, job, None, reference))
-        except InvalidRequestError as exc:
-            out.append(ParsedLine(custom_id, None, exc))
-    return out
 
 
 def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
@@ -207,8 +158,8 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
         variants = variants_for(exp, line.custom_id) if exp else [None]
         for variant in variants:
             if line.job is not None:
-                row = _job_row(line.job, tenant=tenant, batch_id=batch.id, settings=settings, storage=storage,
-                               now=now)
+                row = _job_row(line.job, tenant=tenant, batch_id=batch.id, settings=settings, now=now,
+                               source=line_ref(f.storage_key, *line.span))
             else:
                 assert line.error is not None
                 row = dict(id=new_id("job_"), tenant=tenant, batch_id=batch.id, custom_id=line.custom_id,
@@ -229,6 +180,7 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
 
 
 def get_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:
+    require_id(batch_id, what="batch")
     b = session.execute(select(Batch).where(Batch.id == batch_id, Batch.tenant == tenant)).scalar_one_or_none()
     if b is None:
         raise NotFoundError(f"no batch {batch_id!r}")

@@ -155,6 +155,14 @@ class ContinuousBatcher:
         done += self._collect()
         return done
 
+    def abandon(self) -> list[DecodeRequest]:
+        """Drop every waiting and live request (their caller gave up on them); returns them."""
+        dropped = [*self.waiting, *(r.request for r in self.rejected), *(r for r in self.rows if r is not None)]
+        self.waiting.clear()
+        self.rejected = []
+        self._clear()
+        return dropped
+
     def run(self, requests: list[DecodeRequest]) -> list[DecodeResult]:
         """Decode `requests` to the end; results in request order."""
         self.submit(requests)

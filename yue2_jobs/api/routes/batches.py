@@ -10,9 +10,11 @@ from pydantic import BaseModel, Field
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.routes.enqueue import enqueue_later
 from yue2_jobs.api.views import batch_view, file_view
+from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.errors import LimitExceededError
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.batches import try_finalize
+from yue2_jobs.jobs.capacity import no_worker_warnings
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 
@@ -39,13 +41,19 @@ def get_file_content(file_id: str, state: StateDep, session: SessionDep, tenant:
     return Response(state.storage.get(f.storage_key), media_type="application/jsonl")
 
 
+MetadataKey = Annotated[SafeStr, Field(max_length=64)]
+MetadataValue = Annotated[SafeStr, Field(max_length=512)]
+
+
 class BatchCreate(BaseModel):
-    input_file_id: str
-    endpoint: str
-    completion_window: str = "24h"
-    metadata: dict[str, str] | None = Field(None, max_length=16)
+    """OpenAI's batch create body; metadata as OpenAI limits it (16 pairs, keys 64, values 512 characters)."""
+
+    input_file_id: SafeStr = Field(max_length=64)
+    endpoint: SafeStr = Field(max_length=64)
+    completion_window: SafeStr = Field("24h", max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
     # An A/B experiment assigns the lines' variants; `metadata.experiment_id` works too (the openai client).
-    experiment_id: str | None = Field(None, max_length=64)
+    experiment_id: SafeStr | None = Field(None, max_length=64)
 
 
 @router.post("/batches")
@@ -59,7 +67,11 @@ def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant:
     if not to_enqueue:  # every line was rejected: nothing will run, so finish it now
         try_finalize(session, batch_id=batch.id, storage=state.storage)
         session.refresh(batch)
-    return batch_view(batch, session)
+    view = batch_view(batch, session)
+    warnings = no_worker_warnings(session, {variant for _, variant in to_enqueue})
+    if warnings:
+        view["warnings"] = warnings
+    return view
 
 
 @router.get("/batches/{batch_id}")

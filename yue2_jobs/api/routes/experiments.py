@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.views import experiment_view
+from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.experiments import service
 from yue2_jobs.experiments.report import build_report
 
@@ -19,14 +20,14 @@ router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 class Arm(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    variant: str = Field(max_length=64)
+    variant: SafeStr = Field(max_length=64)
     weight: float = Field(1.0, gt=0, le=1000)
 
 
 class ExperimentCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field("", max_length=200)
+    name: SafeStr = Field("", max_length=service.MAX_NAME_CHARS)
     mode: Literal["split", "paired"] = "split"
     variants: list[Arm] = Field(min_length=2, max_length=service.MAX_VARIANTS)
 

@@ -1,0 +1,137 @@
+"""Reading a slice's inputs and recording its results, through outages of Postgres and storage.
+
+A job fails only for something about the job itself (its input cannot be decoded, its decoding
+raises, storage refuses it permanently). An outage never fails a job: reads, uploads and the
+final UPDATE are retried with backoff for up to `outage_retry_s`. Recording is idempotent under
+the claim token (a retried UPDATE takes only where the claim is still ours; output keys are
+deterministic), so redoing it is safe. Past that deadline the jobs are *given back*: the heartbeat
+stops renewing their claims, their leases run out, and the reconciler reruns them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from workers.context import WorkerContext
+from workers.runner import JobInput, JobOutput
+from yue2_jobs.core.retry import retrying, transient
+from yue2_jobs.db.models import Job, JobStatus
+from yue2_jobs.errors import InvalidRequestError
+from yue2_jobs.jobs.batches import job_output_body
+from yue2_jobs.jobs.inputs import read_input
+from yue2_jobs.jobs.service import file_key, output_key
+from yue2_jobs.jobs.state import finish_jobs
+
+log = logging.getLogger(__name__)
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    code = "invalid_input" if isinstance(exc, InvalidRequestError) else "job_failed"
+    return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
+
+
+def failed_result(runner: Any, row: Any, exc: BaseException) -> dict[str, Any]:
+    return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
+            "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
+
+
+def _deadline(ctx: WorkerContext) -> float:
+    return time.monotonic() + ctx.settings.outage_retry_s
+
+
+def load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]], list[Any]]:
+    """(inputs to run, failed results, rows given back): an input storage cannot give for now is
+    retried, then given back; one it refuses for good fails its job alone."""
+    inputs: list[JobInput] = []
+    failed: list[dict[str, Any]] = []
+    given_back: list[Any] = []
+    deadline = _deadline(ctx)
+    for row in rows:
+        try:
+            text = retrying(lambda row=row: read_input(ctx.storage, input_text=row.input_text,  # type: ignore[misc]
+                                                       input_key=row.input_key, kind=row.kind),
+                            deadline=deadline, what=f"reading the input of {row.id}")
+            inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
+        except Exception as exc:
+            if transient(exc):
+                given_back.append(row)
+            else:
+                failed.append(failed_result(ctx.runner, row, exc))
+    if given_back:
+        log.warning("storage unreachable for %.0fs: %d jobs given back to rerun later", ctx.settings.outage_retry_s,
+                    len(given_back))
+        ctx.let_go(r.id for r in given_back)
+    return inputs, failed, given_back
+
+
+def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput, deadline: float
+                  ) -> tuple[list[Future[None]], dict[str, Any]]:
+    key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
+    values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
+              "input_tokens": out.input_tokens,
+              "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
+    job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
+    assert ctx.uploader is not None
+    body = job_output_body(job, out.text)
+    puts = []
+    if out.files:  # a render job's images, beside its JSON
+        body["files"] = {suffix: file_key(key, suffix) for suffix, _, _ in out.files}
+        puts = [ctx.uploader.submit(file_key(key, suffix), data, ctype, deadline=deadline)
+                for suffix, data, ctype in out.files]
+    body.update(out.extra or {})
+    puts.append(ctx.uploader.submit(key, json.dumps(body, ensure_ascii=False).encode(), deadline=deadline))
+    inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
+    return puts, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
+                  "output_text": inline, "error": None, **values}
+
+
+def _finish(ctx: WorkerContext, results: list[dict[str, Any]], deadline: float) -> None:
+    def once() -> None:
+        with ctx.sessions() as session:
+            finish_jobs(session, results)
+
+    retrying(once, deadline=deadline, what=f"recording {len(results)} results")
+
+
+def record(ctx: WorkerContext, runner: Any, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
+           failed: list[dict[str, Any]]) -> None:
+    """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
+    have replaced `ctx.runner` since). The slice's claims are let go however this ends."""
+    try:
+        by_id = {r.id: r for r in rows}
+        results = list(failed)
+        deadline = _deadline(ctx)
+        puts: list[tuple[list[Future[None]], Any, dict[str, Any]]] = []
+        for job_in, out in zip(inputs, outputs, strict=True):
+            row = by_id[job_in.id]
+            if isinstance(out, JobOutput):
+                put, result = _store_output(ctx, runner, row, out, deadline)
+                puts.append((put, row, result))
+            else:
+                results.append(failed_result(runner, row, out))
+        given_back = 0
+        for uploads, row, result in puts:
+            try:
+                for upload in uploads:
+                    upload.result()
+                results.append(result)
+            except Exception as exc:
+                if transient(exc):  # storage stayed unreachable past the deadline: rerun it later
+                    given_back += 1
+                else:  # storage refused this job's output for good: it fails alone
+                    results.append(failed_result(runner, row, exc))
+        if given_back:
+            log.warning("storage unreachable for %.0fs: %d jobs given back to rerun later",
+                        ctx.settings.outage_retry_s, given_back)
+        _finish(ctx, results, deadline)
+        assert ctx.metrics is not None
+        for status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+            ctx.metrics.job_done(str(status), sum(r["status"] == status for r in results))
+        ctx.metrics.tokens_done(tokens=sum(r.get("output_tokens") or 0 for r in results),
+                                nar_tokens=sum(r.get("nar_tokens") or 0 for r in results))
+    finally:
+        ctx.let_go(r.id for r in rows)

@@ -1,0 +1,119 @@
+"""Reading a batch input file: one request per JSONL line, each checked on its own.
+
+Structural errors (a line that is not a JSON object, a missing, duplicate or unstorable
+custom_id, another endpoint, too many lines) reject the whole batch at create time, since the
+line cannot be matched to a result. Anything else wrong with a line (its body, its reference,
+nesting past the limit) becomes that line's error, in the batch's error file: one bad item never
+fails its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import MAX_JSON_DEPTH, check_depth, check_text, unstorable
+from yue2_jobs.errors import InvalidRequestError, LimitExceededError
+from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
+
+MAX_CUSTOM_ID_CHARS = 512  # jobs.custom_id
+MAX_FILENAME_CHARS = 500  # files.filename
+LINE = re.compile(rb"[^\r\n]+")  # what bytes.splitlines() separates, with byte offsets
+# Where a line too deeply nested for json.loads still names its custom_id (first at the top level).
+CUSTOM_ID = re.compile(rb'^\s*\{\s*(?:"[^"\\]*"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)*"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+@dataclass
+class ParsedLine:
+    custom_id: str
+    job: ValidatedJob | None
+    error: InvalidRequestError | None
+    reference: str | None = None
+    span: tuple[int, int] = (0, 0)  # the line's byte offsets in the file
+
+
+def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    for m in LINE.finditer(data):
+        if m.group().strip():
+            yield m.start(), m.end(), m.group()
+
+
+def _line_reference(line: dict[str, Any], *, n: int, settings: Settings, in_experiment: bool) -> str | None:
+    """A line's optional `reference` (the expected output, for ROUGE in experiment reports)."""
+    if in_experiment and isinstance(line.get("body"), dict) and line["body"].get("variant") is not None:
+        raise InvalidRequestError(f"line {n}: body.variant is not allowed in a batch under an experiment; "
+                                  "the experiment assigns the variants", field="body.variant")
+    ref = line.get("reference")
+    if ref is None:
+        return None
+    if not isinstance(ref, str):
+        raise InvalidRequestError(f"line {n}: reference must be a string", field="reference")
+    return check_text(ref, field="reference", max_chars=settings.max_input_chars)
+
+
+def _load(raw: bytes, n: int) -> tuple[dict[str, Any], InvalidRequestError | None]:
+    """The line as a dict, and an error that fails the line alone (too deep to parse), if any."""
+    try:
+        line = json.loads(raw)
+    except RecursionError:
+        m = CUSTOM_ID.match(raw)
+        if m is None:
+            raise InvalidRequestError(f"line {n} is nested more than {MAX_JSON_DEPTH} levels deep and names no "
+                                      "custom_id before its body", field=f"line {n}", status=400) from None
+        too_deep = InvalidRequestError(f"line {n} is nested more than {MAX_JSON_DEPTH} levels deep",
+                                       field="body", status=400, code="limit_exceeded")
+        return {"custom_id": json.loads(m.group(1))}, too_deep
+    except ValueError:
+        raise InvalidRequestError(f"line {n} is not valid JSON", field=f"line {n}", status=400) from None
+    if not isinstance(line, dict):
+        raise InvalidRequestError(f"line {n} must be a JSON object", field=f"line {n}", status=400)
+    return line, None
+
+
+def _custom_id(line: dict[str, Any], n: int, seen: set[str]) -> str:
+    custom_id = line.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID_CHARS:
+        raise InvalidRequestError(f"line {n}: custom_id must be a non-empty string of at most "
+                                  f"{MAX_CUSTOM_ID_CHARS} characters", field=f"line {n}.custom_id", status=400)
+    problem = unstorable(custom_id)
+    if problem:
+        raise InvalidRequestError(f"line {n}: custom_id {problem}", field=f"line {n}.custom_id", status=400)
+    if custom_id in seen:
+        raise InvalidRequestError(f"line {n}: custom_id {custom_id!r} is used twice; each must be unique",
+                                  field=f"line {n}.custom_id", status=400)
+    seen.add(custom_id)
+    return custom_id
+
+
+def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_experiment: bool = False
+                     ) -> list[ParsedLine]:
+    kind = ENDPOINTS[endpoint]
+    seen: set[str] = set()
+    out: list[ParsedLine] = []
+    for n, (start, end, raw) in enumerate(_lines(data), start=1):
+        if n > settings.max_batch_items:
+            raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items,
+                                     actual=sum(1 for _ in _lines(data)), unit="requests", status=400)
+        line, line_error = _load(raw, n)
+        custom_id = _custom_id(line, n, seen)
+        if line_error is not None:
+            out.append(ParsedLine(custom_id, None, line_error, span=(start, end)))
+            continue
+        if line.get("url", endpoint) != endpoint or line.get("method", "POST") != "POST":
+            raise InvalidRequestError(f"line {n}: every request must be POST {endpoint}, the batch's endpoint",
+                                      field=f"line {n}.url", status=400)
+        try:
+            check_depth(line, field="body")
+            reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
+            job = validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body.")
+            job.custom_id = custom_id
+            out.append(ParsedLine(custom_id, job, None, reference, span=(start, end)))
+        except InvalidRequestError as exc:
+            out.append(ParsedLine(custom_id, None, exc, span=(start, end)))
+    if not out:
+        raise InvalidRequestError("input file has no requests", field="input_file_id", status=400)
+    return out
