@@ -72,6 +72,7 @@ def temporary_pg_database(prefix: str) -> Iterator[str]:
         from yue2_jobs.db.session import engine_for
 
         engine_for(url).dispose()
+        admin.dispose()  # its pooled connection may predate a Postgres restart (the chaos test)
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()

@@ -107,32 +107,6 @@ def test_500_jobs_end_to_end(client: Client, workers: Any, settings: Any, s3: di
     assert one["output_url"].startswith(s3["endpoint"])
 
 
-def test_sigkill_mid_batch_loses_and_duplicates_nothing(client: Client, workers: Any, settings: Any,
-                                                        s3: dict[str, str], tenant: str, eval_texts: list[str],
-                                                        tmp_path: Path) -> None:
-    by_custom_id = write_batch(tmp_path / "in.jsonl", eval_texts[:200])
-    first = workers()
-    batch_id = submit(client, tmp_path / "in.jsonl")
-
-    def some_done() -> bool:
-        counts = client.batch(batch_id)["request_counts"]
-        return 30 <= counts["completed"] < 200
-
-    wait_for(some_done, timeout=300, what="part of the batch to finish", interval=0.05)
-    first.kill()
-    jobs = batch_jobs(settings, batch_id)
-    running = [j.id for j in jobs if j.status == "running"]
-    assert any(j.status == "queued" or j.status == "running" for j in jobs), "killed too late to test anything"
-    second = workers()
-    state = wait_batch(client, batch_id, timeout=600, worker=second)
-    assert state["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
-    check_outputs(result_lines(client, state["output_file_id"]), by_custom_id)
-    after = {j.id: j for j in batch_jobs(settings, batch_id)}
-    assert all(after[j].attempts == 2 for j in running), "jobs the dead worker held run once more"
-    assert max(j.attempts for j in after.values()) <= 2
-    assert count_outputs(s3, tenant, batch_id) == 200
-
-
 def test_redis_flushall_loses_nothing(client: Client, workers: Any, settings: Any, tenant: str,
                                       eval_texts: list[str], tmp_path: Path) -> None:
     by_custom_id = write_batch(tmp_path / "in.jsonl", eval_texts[:150])
