@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from workers.runner import JobInput, JobOutput
+from workers.job_io import JobInput, JobOutput
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import InvalidRequestError, JobExecutionError, PipelineError
 from yue2_jobs.fonts.catalog import DATA_DIR, FONTS, load

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from workers.context import WorkerContext
-from workers.runner import JobInput, JobOutput
+from workers.job_io import JobInput, JobOutput
 from yue2_jobs.core.retry import retrying, transient
 from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.errors import InvalidRequestError

@@ -12,36 +12,16 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from workers.job_io import JobInput, JobOutput
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import JobExecutionError
 from yue2_jobs.model.continuous import ENGINE_MODES, ContinuousBatcher, DecodeRequest, DecodeResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class JobInput:
-    id: str
-    kind: str
-    text: str
-    params: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class JobOutput:
-    text: str
-    input_tokens: int
-    output_tokens: int
-    decoder_steps: int
-    nar_tokens: int
-    files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
-    extra: dict[str, Any] | None = None  # merged into the job's output JSON
 
 
 def checkpoint_version(directory: Path) -> str:

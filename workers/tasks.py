@@ -21,8 +21,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from workers.context import WorkerContext
+from workers.job_io import JobInput, JobOutput
 from workers.record import load_inputs, record
-from workers.runner import JobInput, JobOutput
 from workers.swap import adopt_pending
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.retry import retrying, transient

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from transformers.utils import logging as hf_logging
-
+from yue2_jobs.core.config import MODES
 from yue2_jobs.errors import Yue2Error
-from yue2_jobs.model.generation import MODES
 
 
 def _cmd_convert_bart(args: argparse.Namespace) -> None:
@@ -360,7 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    hf_logging.disable_progress_bar()
+    # transformers reads this when (and only if) a command imports it; importing it here would cost
+    # every command, a worker's start included, seconds of torch import.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

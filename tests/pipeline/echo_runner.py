@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.runner import JobInput, JobOutput
+from workers.job_io import JobInput, JobOutput
 
 
 def echo(text: str) -> str:

@@ -11,7 +11,8 @@ import os
 import signal
 from typing import Any
 
-from workers.runner import JobInput, JobOutput, ModelRunner
+from workers.job_io import JobInput, JobOutput
+from workers.runner import ModelRunner
 
 
 def _misbehave(jobs: list[JobInput]) -> None:

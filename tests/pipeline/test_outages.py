@@ -14,8 +14,8 @@ from sqlalchemy.exc import OperationalError
 
 from tests.pipeline.echo_runner import EchoRunner
 from workers.context import WorkerContext
+from workers.job_io import JobInput, JobOutput
 from workers.record import load_inputs, record
-from workers.runner import JobInput, JobOutput
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.retry import retrying, transient
 from yue2_jobs.db.migrate import upgrade_head
