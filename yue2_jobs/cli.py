@@ -320,7 +320,9 @@ def _add_pipeline_commands(sub: Any) -> None:
     p.set_defaults(func=_cmd_demo)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
+    """`train_arguments=False` leaves the train command's options out: they come from the training
+    module, which imports torch, and every other command (a worker's start) need not pay for it."""
     parser = argparse.ArgumentParser(prog="yue2", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _add_pipeline_commands(sub)
@@ -330,10 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dst")
     p.set_defaults(func=_cmd_convert_bart)
 
-    from yue2_jobs.model.train import add_arguments
-
     p = sub.add_parser("train", help="train (or fine-tune with --init) a checkpoint in three stages")
-    add_arguments(p)
+    if train_arguments:
+        from yue2_jobs.model.train import add_arguments
+
+        add_arguments(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("eval", help="ROUGE-1/2/L of a checkpoint on held-out eval sets")
@@ -361,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     # transformers reads this when (and only if) a command imports it; importing it here would cost
     # every command, a worker's start included, seconds of torch import.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(train_arguments="train" in argv[:1]).parse_args(argv)
     try:
         args.func(args)
     except Yue2Error as exc:

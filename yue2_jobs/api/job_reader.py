@@ -85,7 +85,10 @@ class JobReader:
             return await run_in_threadpool(self._get_sync, tenant, job_id)
         import psycopg
 
-        conn = await self._acquire()
+        try:
+            conn = await self._acquire()
+        except psycopg.OperationalError:  # cannot connect: the sync path answers (503 while it is down)
+            return await run_in_threadpool(self._get_sync, tenant, job_id)
         reusable = False
         try:
             cur = await conn.execute(QUERY, (job_id, tenant))

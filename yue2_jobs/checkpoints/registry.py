@@ -18,10 +18,10 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from yue2_jobs.checkpoints import MANIFEST
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import CheckpointFileMissingError, ConflictError, NotFoundError
-from yue2_jobs.model.checkpoint import MANIFEST
 from yue2_jobs.storage import Storage
 
 PREFIX = "checkpoints"

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from yue2_jobs.checkpoints import MANIFEST
 from yue2_jobs.errors import CheckpointCorruptError, CheckpointFileMissingError, PickleWeightsRefusedError
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 
     from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "yue2-manifest/1"
 REQUIRED_FILES = ("config.json", "model.safetensors")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
