@@ -64,7 +64,8 @@ def texts_for(n: int) -> list[str]:
 def bare_tokens_per_s(texts: list[str], *, variant_dir: Path, batch: int, threads: int) -> dict[str, float]:
     import torch
 
-    from workers.runner import JobInput, ModelRunner
+    from workers.job_io import JobInput
+    from workers.runner import ModelRunner
     from yue2_jobs.core.config import Settings
 
     torch.set_num_threads(threads)

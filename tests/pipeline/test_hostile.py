@@ -135,6 +135,16 @@ def test_batch_lines_with_hostile_values_fail_alone(app: Any, key: dict[str, str
     assert r.status_code == 400 and r.json()["error"]["param"] == "line 1.custom_id", r.text
 
 
+def test_a_request_body_nested_10000_deep_is_a_400_in_our_error_shape(app: Any, key: dict[str, str]) -> None:
+    _, http = app
+    deep = "[" * 10_000 + "]" * 10_000
+    for path in ("/v1/jobs", "/v1/batches", "/v1/experiments"):
+        r = http.post(path, content=('{"input": ' + deep + '}').encode(), headers=key)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body", (path, r.text)
+    r = http.post("/v1/jobs", content=b'{"input": "x", "seed": ' + b"[" * 40 + b"]" * 40 + b"}", headers=key)
+    assert r.status_code == 400 and "nested more than 32 levels" in r.json()["error"]["message"]
+
+
 def test_batch_metadata_with_a_surrogate_is_refused_before_commit(app: Any, key: dict[str, str]) -> None:
     _, http = app
     file_id = upload(http, key, b'{"custom_id": "a", "body": {"input": "x"}}\n').json()["id"]

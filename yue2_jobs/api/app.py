@@ -11,12 +11,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yue2_jobs.api.deps import AppState
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
 from yue2_jobs.api.routes import batches, experiments, jobs
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import MAX_JSON_DEPTH
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.errors import (
@@ -64,6 +66,18 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def conflicting_value(_: Request, exc: IntegrityError) -> JSONResponse:
         return error_response(409, f"the request conflicts with stored data: {type(exc.orig).__name__}",
                               type_="conflict_error")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Starlette's own 4xx (a body that is not JSON or nests too deep to parse, an unknown route)
+        # in the same OpenAI shape as ours.
+        body_error = exc.status_code == 400
+        response = error_response(exc.status_code, str(exc.detail) if not body_error else
+                                  f"the request body is not valid JSON or nests more than {MAX_JSON_DEPTH} levels",
+                                  type_="invalid_request_error" if exc.status_code < 500 else "server_error",
+                                  param="body" if body_error else None)
+        response.headers.update(exc.headers or {})  # Allow on a 405, say
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
