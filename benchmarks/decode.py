@@ -1,6 +1,8 @@
 """Decoding modes side by side on the shipped `base` checkpoint and its eval set.
 
-Methods: Hugging Face `generate` (on the same weights exported to BART), HF prompt lookup
+Methods: Hugging Face `generate` (on the same weights exported to BART), CTranslate2 greedy (the
+same BART export converted by its Transformers converter; the engine users pick today for fast
+encoder-decoders; skipped when the `ctranslate2` package is absent), HF prompt lookup
 (`prompt_lookup_num_tokens`, batch 1 only: HF refuses it for larger batches), our `ar`, our
 batched `prompt_lookup`, `hybrid`, `hybrid_fast` at three thresholds and `nar`. For each
 batch size: tokens/s (generated tokens up to and including EOS; padding never counts),
@@ -20,6 +22,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +78,43 @@ def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float]) -> list
     return methods
 
 
+def _ctranslate2(hf, tokenizer, workdir: Path, *, device: torch.device, max_new_tokens: int) -> Method | None:
+    """CTranslate2 greedy on `hf` (our weights exported to BART), or None without the package."""
+    try:
+        import ctranslate2
+        from ctranslate2.converters import TransformersConverter
+    except ImportError:
+        return None
+    # Its converter reads these BART options, which transformers 5 no longer writes.
+    hf.config.normalize_before = False
+    hf.config.add_final_layer_norm = False
+    hf.save_pretrained(workdir / "bart")
+    tokenizer.save_pretrained(workdir / "bart")
+    TransformersConverter(str(workdir / "bart")).convert(str(workdir / "ct2"), force=True)
+    on_gpu = device.type == "cuda" and ctranslate2.get_cuda_device_count() > 0
+    translator = ctranslate2.Translator(str(workdir / "ct2"), device="cuda" if on_gpu else "cpu", inter_threads=1,
+                                        intra_threads=0 if on_gpu else torch.get_num_threads())
+    start, pad = hf.config.decoder_start_token_id, hf.config.pad_token_id
+    forced_eos = getattr(hf.generation_config, "forced_eos_token_id", None)
+
+    def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
+        source = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+                  for ids, mask in zip(b["input_ids"].cpu(), b["attention_mask"].cpu(), strict=True)]
+        results = translator.translate_batch(source, beam_size=1, max_decoding_length=max_new_tokens,
+                                             return_end_token=True)
+        rows = []
+        for r in results:
+            ids = tokenizer.convert_tokens_to_ids(r.hypotheses[0])
+            if forced_eos is not None and len(ids) == max_new_tokens and ids[-1] != forced_eos:
+                ids[-1] = forced_eos  # the BART config's forced_eos_token_id, which CTranslate2 does not apply
+            rows.append([start, *ids])
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [pad] * (width - len(r)) for r in rows]), None
+
+    # Not our arithmetic, so not required to be identical; its exact match is reported.
+    return Method("CTranslate2", run, lossless=False)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -116,6 +156,11 @@ def main() -> None:
     texts, refs = [r["text"] for r in rows], [r["summary"] for r in rows]
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
     methods = _methods(model, hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds)
+    workdir = tempfile.TemporaryDirectory(prefix="yue2-ct2-")
+    peer = _ctranslate2(bart_from_yue2(model).eval(), tokenizer, Path(workdir.name), device=device,
+                        max_new_tokens=args.max_new_tokens)
+    if peer is not None:
+        methods.insert(1, peer)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     bandwidth = args.hbm_gbps or next((v for k, v in HBM_GBPS.items() if gpu and k in gpu), 0.0)
 
