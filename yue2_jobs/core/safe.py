@@ -53,13 +53,9 @@ def _storable(value: str) -> str:
 SafeStr = Annotated[str, AfterValidator(_storable)]
 
 
-def valid_id(value: str) -> bool:
-    return ID_SHAPE.fullmatch(value) is not None
-
-
 def require_id(value: str, *, what: str) -> str:
     """`value` when it has the shape of an id we issue; otherwise a 404 without touching the database."""
-    if not valid_id(value):
+    if ID_SHAPE.fullmatch(value) is None:
         raise NotFoundError(f"no {what} {value!r}")
     return value
 

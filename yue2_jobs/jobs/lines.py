@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from yue2_jobs.core.config import Settings
-from yue2_jobs.core.safe import MAX_JSON_DEPTH, check_depth, check_text, unstorable
+from yue2_jobs.core.safe import MAX_JSON_DEPTH, check_text, unstorable
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
 
@@ -107,7 +107,6 @@ def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_exper
             raise InvalidRequestError(f"line {n}: every request must be POST {endpoint}, the batch's endpoint",
                                       field=f"line {n}.url", status=400)
         try:
-            check_depth(line, field="body")
             reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
             job = validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body.")
             job.custom_id = custom_id
