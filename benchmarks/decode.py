@@ -15,6 +15,7 @@ weight bytes read per decoder step / HBM bandwidth.
 
     python benchmarks/decode.py [--batch-sizes 1 8 32] [--repeats 3] [--texts 254] [--out results.json]
     python benchmarks/decode.py --checkpoint checkpoints/legal --eval-set legal
+    python benchmarks/decode.py --methods CTranslate2 hybrid --batch-sizes 1 8   # a focused run
 """
 
 from __future__ import annotations
@@ -51,11 +52,12 @@ class Method:
     lossless: bool = True  # must reproduce our `ar` greedy output exactly, or the benchmark stops
 
 
-def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float]) -> list[Method]:
+def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float], sync_every: int | None) -> list[Method]:
     def ours(mode: str, **kw: object) -> Callable:
         def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
             out = generate(model, input_ids=b["input_ids"], attention_mask=b["attention_mask"], mode=mode,
-                           max_new_tokens=max_new_tokens, return_dict_in_generate=True, **kw)
+                           max_new_tokens=max_new_tokens, return_dict_in_generate=True, sync_every=sync_every,
+                           **kw)
             return out.sequences, out.stats
         return run
 
@@ -166,6 +168,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--hbm-gbps", type=float, default=0.0, help="GPU memory bandwidth (0: from the GPU's name)")
     parser.add_argument("--eval-set", default="general", choices=["general", "legal"])
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="only these methods (names as printed; 'ours ar' always runs: it is the reference)")
+    parser.add_argument("--sync-every", type=int, default=None, help="steps between host reads (default: device's)")
     args = parser.parse_args()
     apply_common_arguments(args)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -177,12 +182,15 @@ def main() -> None:
     rows = rows[: args.texts] if args.texts else rows
     texts, refs = [r["text"] for r in rows], [r["summary"] for r in rows]
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
-    methods = _methods(model, hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds)
+    methods = _methods(model, hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds,
+                       sync_every=args.sync_every)
     workdir = tempfile.TemporaryDirectory(prefix="yue2-ct2-")
     peer = _ctranslate2(bart_from_yue2(model).eval(), tokenizer, Path(workdir.name), device=device,
                         max_new_tokens=args.max_new_tokens)
     if peer is not None:
         methods.insert(1, peer)
+    if args.methods:
+        methods = [m for m in methods if m.name in args.methods or m.name == "ours ar"]
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     bandwidth = args.hbm_gbps or next((v for k, v in HBM_GBPS.items() if gpu and k in gpu), 0.0)
 

@@ -104,7 +104,7 @@ def test_nar_draft_shapes_and_confidence(tiny_yue2, batch, tiny_config):
     assert torch.isfinite(conf).all()
 
 
-def test_decode_step_equals_the_general_decoder(tiny_yue2, batch):
+def test_one_token_decode_block_equals_the_general_decoder(tiny_yue2, batch):
     ids, mask = batch
     dec = torch.randint(4, tiny_yue2.config.vocab_size, (ids.shape[0], 6), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
@@ -113,7 +113,9 @@ def test_decode_step_equals_the_general_decoder(tiny_yue2, batch):
         layout = tiny_yue2.step_layout()
         for pos in range(6):
             expected = tiny_yue2.lm_logits(tiny_yue2.decode(dec[:, pos : pos + 1], enc, caches=general, start=pos))
-            got = tiny_yue2.decode_step(dec[:, pos], enc, caches=fast, position=pos, layout=layout)
+            at = torch.full((ids.shape[0], 1), pos)
+            got = layout.lm_logits(tiny_yue2.decode_block(dec[:, pos : pos + 1], enc, caches=fast, positions=at,
+                                                          layout=layout)[:, 0])
             torch.testing.assert_close(got, expected[:, 0], atol=1e-5, rtol=1e-5)
         for a, b in zip(general, fast, strict=True):
             torch.testing.assert_close(a.k, b.k, atol=1e-6, rtol=0)

@@ -12,8 +12,8 @@ from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import yue2_from_bart
 from yue2_jobs.model.data import read_split
+from yue2_jobs.model.decode_loop import DraftPolicy, PromptLookupDrafter, decode_batch
 from yue2_jobs.model.generation import SamplingParams, generate, trim_to_lengths
-from yue2_jobs.model.speculative import DraftPolicy, PromptLookupDrafter, speculative_generate
 from yue2_jobs.model.stats import StatsRecorder
 
 
@@ -112,9 +112,10 @@ def test_verification_with_an_oracle_drafter(tiny_yue2, tiny_config, max_new_tok
                                     corrupt=corrupt, seed=start)
             stats = StatsRecorder(ids[sl].shape[0], max_nar_per_step=tiny_config.nar_block_size, device=ids.device)
             enc = tiny_yue2.encode(ids[sl], mask[sl])
-            buf, lengths = speculative_generate(
-                tiny_yue2, enc=enc, input_ids=ids[sl], attention_mask=mask[sl], max_new_tokens=max_new_tokens,
-                params=SamplingParams(), generator=None, policy=DraftPolicy(host_drafter=drafter), stats=stats)
+            buf, lengths = decode_batch(
+                tiny_yue2, enc=enc, batch_size=ids[sl].shape[0], max_new_tokens=max_new_tokens,
+                params=SamplingParams(), generator=None, policy=DraftPolicy(source="host", host_drafter=drafter),
+                stats=stats)
             got = trim_to_lengths(buf, lengths, tiny_config.pad_token_id)
             expected = ar[sl][:, : got.shape[1]]
             assert torch.equal(got, expected) and not (ar[sl][:, got.shape[1] :] != 1).any()
@@ -130,9 +131,9 @@ def test_a_draft_with_eos_inside_is_cut_at_the_eos(varied_bart, bart_batch):
     drafter = OracleDrafter(ar, k=model.config.nar_block_size, vocab=model.config.vocab_size, corrupt=0.0, seed=0,
                             eos=model.config.eos_token_id)
     stats = StatsRecorder(ids.shape[0], max_nar_per_step=model.config.nar_block_size, device=ids.device)
-    buf, lengths = speculative_generate(model, enc=model.encode(ids, mask), input_ids=ids, attention_mask=mask,
-                                        max_new_tokens=MAX_NEW, params=SamplingParams(), generator=None,
-                                        policy=DraftPolicy(host_drafter=drafter), stats=stats)
+    buf, lengths = decode_batch(model, enc=model.encode(ids, mask), batch_size=ids.shape[0], max_new_tokens=MAX_NEW,
+                                params=SamplingParams(), generator=None,
+                                policy=DraftPolicy(source="host", host_drafter=drafter), stats=stats)
     assert drafter.eos_inside > 0
     assert torch.equal(trim_to_lengths(buf, lengths, model.config.pad_token_id), ar)
 

@@ -9,9 +9,8 @@ row is done (Orca-style iteration-level scheduling).
    because a query never sees a position past its own), within `max_rows` rows and
    `max_tokens` reserved tokens (each request reserves its own input length plus its own
    `max_new_tokens`: admission is length-aware, and in FIFO order so nothing starves);
-2. runs one draft-and-verify decoder step over every live row (`hybrid` rows verify NAR
-   drafts, `ar` rows feed one token: both modes share a step), exactly the greedy rule of
-   `speculative.py`, with per-row length limits;
+2. runs the engine step (`engine.py`, the step `generate` runs) over every live row: `hybrid`
+   rows verify NAR drafts, `ar` rows feed one token, in one step;
 3. returns the requests that finished.
 
 Greedy decoding only (sampled jobs and the other modes keep the static path). Out of memory
@@ -27,19 +26,20 @@ kernels, the baseline `make bench` compares against.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 
-from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB, first_true, forced_tokens, leading_run
+from yue2_jobs.model.auto_mode import AUTO, ModeChooser
+from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape, engine_step
+from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import SequenceStats
 
-ENGINE_MODES = ("ar", "hybrid")
-ROW_FIELDS = ("buf", "committed", "cached", "finished", "total", "min_total", "draft_on", "accept_p", "drafts",
-              "n_drafts", "steps", "nar", "ar", "drafted", "seq")
+ENGINE_MODES = ("ar", "hybrid", AUTO)
 RECOVER_EVERY = 64  # clean steps before an out-of-memory row cap is raised by one again
 
 
@@ -54,6 +54,7 @@ class DecodeRequest:
     mode: str = "hybrid"
     min_new_tokens: int = 0
     min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB
+    ran: str | None = None  # the mode it was decoded in: `mode`, or what `auto` resolved to at admission
 
 
 @dataclass
@@ -91,13 +92,15 @@ class ContinuousBatcher:
     """Iteration-level scheduler and decode loop over one model (see the module docstring)."""
 
     def __init__(self, model: Yue2ForConditionalGeneration, *, max_rows: int = 32, max_tokens: int | None = None,
-                 policy: Literal["continuous", "static"] = "continuous") -> None:
+                 policy: Literal["continuous", "static"] = "continuous", chooser: ModeChooser | None = None) -> None:
         if max_rows < 1:
             raise ValueError(f"max_rows must be >= 1, got {max_rows}")
         if policy not in ("continuous", "static"):
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
         cfg = model.config
         self.model, self.policy, self.max_rows = model, policy, max_rows
+        self.chooser = chooser or ModeChooser()
+        self._timing: tuple[str, int, float, torch.Tensor] | None = None  # (mode, rows, start, tokens) of a step
         self.limit = cfg.max_position_embeddings - 1  # most new tokens a row may ask for
         self.max_tokens = max_tokens if max_tokens is not None else max_rows * (cfg.max_position_embeddings * 2)
         self.k = cfg.nar_block_size
@@ -224,6 +227,9 @@ class ContinuousBatcher:
     def _place(self, take: list[DecodeRequest], free: list[int]) -> None:
         """Encode `take` and write it into free slots, growing the working set as needed."""
         pad = self.model.config.pad_token_id
+        auto = self.chooser.choose(self.live + len(take))  # one pick for the newcomers: a set of one width
+        for r in take:
+            r.ran = auto if r.mode == AUTO else r.mode
         s_new = max(len(r.input_ids) for r in take)
         ids = torch.full((len(take), s_new), pad, dtype=torch.long, device=self.device)  # (N, S)
         mask = torch.zeros_like(ids, dtype=torch.bool)
@@ -251,17 +257,15 @@ class ContinuousBatcher:
         self.enc_mask[idx] = new_mask
         for (k_all, v_all), (k, v) in zip(self.kv, kvs, strict=True):
             k_all[idx], v_all[idx] = k, v
-        t = self.t
-        t["buf"][idx] = pad
-        t["buf"][idx, 0] = self.model.config.decoder_start_token_id
-        for name, value in (("committed", 1), ("cached", 0), ("finished", False), ("n_drafts", 0), ("steps", 0),
-                            ("nar", 0), ("ar", 0), ("drafted", 0)):
-            t[name][idx] = value
-        t["total"][idx] = torch.tensor([1 + r.max_new_tokens for r in take], device=self.device)
-        t["min_total"][idx] = torch.tensor([1 + r.min_new_tokens for r in take], device=self.device)
-        t["draft_on"][idx] = torch.tensor([r.mode == "hybrid" for r in take], device=self.device)
-        t["accept_p"][idx] = torch.tensor([r.min_accept_prob for r in take], device=self.device)
-        t["seq"][idx] = torch.tensor([next(self._seq) for _ in take], device=self.device)
+        n = len(take)
+        self.st.start(idx, start_token=self.model.config.decoder_start_token_id, pad=pad,
+                      total=torch.tensor([1 + r.max_new_tokens for r in take], device=self.device),
+                      min_total=torch.tensor([1 + r.min_new_tokens for r in take], device=self.device),
+                      draft_on=torch.tensor([r.ran == "hybrid" for r in take], device=self.device),
+                      accept_p=torch.tensor([r.min_accept_prob for r in take], device=self.device),
+                      trust_p=torch.full((n,), NEVER_TRUST, device=self.device))
+        for slot in slots:
+            self.seq[slot] = next(self._seq)
         for slot, r in zip(slots, take, strict=True):
             self.rows[slot] = r
 
@@ -273,15 +277,9 @@ class ContinuousBatcher:
         h = cfg.decoder_attention_heads
         d = cfg.d_model // h
         self.rows = []
-        self.t: dict[str, torch.Tensor] = {
-            "buf": torch.empty(0, self.t_buf, dtype=torch.long, device=dev),
-            "drafts": torch.empty(0, self.k, dtype=torch.long, device=dev),
-            "finished": torch.empty(0, dtype=torch.bool, device=dev),
-            "draft_on": torch.empty(0, dtype=torch.bool, device=dev),
-            "accept_p": torch.empty(0, dtype=torch.float, device=dev),
-        }
-        for name in ROW_FIELDS:
-            self.t.setdefault(name, torch.empty(0, dtype=torch.long, device=dev))
+        self.seq: list[int] = []  # admission order of each slot's request (preemption takes the newest)
+        self.reach = 0  # a bound on every row's cached length, read with the finished flags
+        self.st = Rows.empty(0, k=self.k, t_buf=self.t_buf, device=dev)
         self.caches = self.model.new_caches(batch_size=0, max_len=self.t_cache)
         n_kv = cfg.decoder_layers + cfg.nar_layers
         self.kv = [(torch.empty(0, h, 0, d, dtype=dtype, device=dev), torch.empty(0, h, 0, d, dtype=dtype, device=dev))
@@ -294,13 +292,13 @@ class ContinuousBatcher:
         def more(x: torch.Tensor, fill: float | int | bool = 0) -> torch.Tensor:
             return torch.cat([x, x.new_full((n, *x.shape[1:]), fill)])
 
-        for name, x in self.t.items():
-            self.t[name] = more(x, True if name == "finished" else 0)
+        self.st = self.st.grow(n)
         for cache in self.caches:
             cache.k, cache.v = more(cache.k), more(cache.v)
         self.kv = [(more(k), more(v)) for k, v in self.kv]
         self.enc_mask = more(self.enc_mask, float("-inf"))
         self.rows += [None] * n
+        self.seq += [0] * n
 
     def _pad_source(self, s: int) -> None:
         """Widen the encoder-side tensors to s source positions (masked)."""
@@ -315,13 +313,13 @@ class ContinuousBatcher:
             self._clear()
             return
         idx = torch.tensor(keep, dtype=torch.long, device=self.device)
-        for name, x in self.t.items():
-            self.t[name] = x.index_select(0, idx)
+        self.st = self.st.select(idx)
         for cache in self.caches:
             cache.select(idx)
         self.kv = [(k.index_select(0, idx), v.index_select(0, idx)) for k, v in self.kv]
         self.enc_mask = self.enc_mask.index_select(0, idx)
         self.rows = [self.rows[i] for i in keep]
+        self.seq = [self.seq[i] for i in keep]
 
     def _encoder_state(self) -> Yue2EncoderState:
         n_ar = self.model.config.decoder_layers
@@ -331,67 +329,19 @@ class ContinuousBatcher:
     # ---- the decoder step ------------------------------------------------------------------------
 
     def _decode_step(self) -> None:
-        """One draft-and-verify step over every row; state is only written once nothing can fail."""
-        model, t, k = self.model, self.t, self.k
-        cfg, gen = model.config, model.generation_config
-        eos, pad = cfg.eos_token_id, cfg.pad_token_id
-        layout = model.step_layout()
-        enc = self._encoder_state()
-        committed, cached, finished, n_drafts, drafts, total = (t["committed"], t["cached"], t["finished"],
-                                                                 t["n_drafts"], t["drafts"], t["total"])
-        ar = torch.arange(k + 1, device=self.device)
-        n_in = (committed - cached).clamp(min=1)  # (A,)
-        width, j, reach = torch.stack([(n_in + n_drafts).max(), n_drafts.max() + 1, cached.max()]).tolist()
-        slot = torch.arange(width, device=self.device)  # (W,)
-        positions = cached[:, None] + slot  # (A, W)
-        d_idx = slot - n_in[:, None]
-        is_draft = (d_idx >= 0) & (d_idx < n_drafts[:, None])
-        tokens = torch.where(is_draft, drafts.gather(1, d_idx.clamp(0, k - 1)), t["buf"].gather(1, positions))
-        hidden = model.decode_block(tokens, enc, caches=self.caches, positions=positions, layout=layout,
-                                    span=reach + width)  # (A, W, C)
-        pred_slot = ((n_in - 1)[:, None] + ar[:j]).clamp(max=width - 1)  # (A, J)
-        h = hidden.gather(1, pred_slot[:, :, None].expand(-1, -1, hidden.shape[-1]))  # (A, J, C)
-        logits = layout.lm_logits(h.reshape(-1, h.shape[-1])).view(h.shape[0], j, -1)  # (A, J, V)
-        target = committed[:, None] + ar[:j]  # (A, J): the position each prediction fills
-        banned = target < t["min_total"][:, None]
-        logits[:, :, eos] = torch.where(banned, float("-inf"), logits[:, :, eos])
-        forced = forced_tokens(target, total[:, None], gen)
-        pred = torch.where(forced >= 0, forced, logits.argmax(-1))  # (A, J)
-        act_drafts = drafts[:, : j - 1]
-        in_range = ar[: j - 1] < n_drafts[:, None]
-        n_acc = leading_run((act_drafts == pred[:, : j - 1]) & in_range)  # (A,)
-        bonus = pred.gather(1, n_acc[:, None]).squeeze(1)  # (A,)
-        new = torch.where(ar[: j - 1] < n_acc[:, None], act_drafts, pad)
-        new = torch.cat([new, new.new_zeros(new.shape[0], 1)], 1).scatter_(1, n_acc[:, None], bonus[:, None])
-        first_eos = first_true(new == eos)
-        room = total - committed
-        count = torch.minimum(torch.minimum(n_acc + 1, first_eos + 1), room)
-        done = (first_eos < count) | (count >= room)
-        stepped = ~finished
-        count = count * stepped
-        from_nar = torch.minimum(n_acc, count)
-        new_committed = committed + count
-        new_finished = finished | (done & stepped)
-        # Next drafts, from the hidden state that predicted the bonus token.
-        live_draft = ~new_finished & t["draft_on"]
-        new_n_drafts = torch.zeros_like(n_drafts)
-        new_drafts = drafts
-        if bool(live_draft.any()):
-            src = n_in - 1 + from_nar
-            h_src = hidden.gather(1, src[:, None, None].expand(-1, 1, hidden.shape[-1]))[:, 0]  # (A, C)
-            d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V), (A, K)
-            new_drafts = d_logits.argmax(-1)
-            n_verify = leading_run(conf.sigmoid().cumprod(1) >= t["accept_p"][:, None])
-            new_n_drafts = torch.minimum(n_verify, total - new_committed) * live_draft
-        # Commit.
-        t["buf"].scatter_(1, committed[:, None] + ar[:j], new)
-        t["cached"] = torch.where(stepped, cached + n_in + from_nar, cached)
-        t["committed"], t["finished"] = new_committed, new_finished
-        t["drafts"], t["n_drafts"] = new_drafts, new_n_drafts
-        t["steps"] = t["steps"] + stepped
-        t["nar"] = t["nar"] + from_nar
-        t["ar"] = t["ar"] + (count - from_nar)
-        t["drafted"] = t["drafted"] + n_drafts * stepped
+        """One engine step over every row (idle slots are finished rows: they commit nothing).
+        The step writes state only once nothing can fail, which `_shed` relies on."""
+        modes = {r.ran for r in self.rows if r is not None}
+        drafting = "hybrid" in modes
+        before = self.st.nar.sum() + self.st.ar.sum()
+        start = time.perf_counter()
+        shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none",
+                             ban_eos=any(r is not None and r.min_new_tokens > 0 for r in self.rows))
+        engine_step(self.model, self.st, self._encoder_state(), self.caches, layout=self.model.step_layout(),
+                    shape=shape, span=min(self.t_cache, self.reach + shape.width))
+        self.reach += shape.width
+        tokens = self.st.nar.sum() + self.st.ar.sum() - before  # read with the finished flags, in `_collect`
+        self._timing = (modes.pop() if len(modes) == 1 else "", self.live, start, tokens)
         c = self.counters
         live = self.live
         c.steps += 1
@@ -401,15 +351,24 @@ class ContinuousBatcher:
 
     def _collect(self) -> list[DecodeResult]:
         """Hand back finished rows and free their slots; compact when refilling cannot use them."""
-        t = self.t
-        fin = t["finished"].tolist()
+        st = self.st
+        if not self.rows:
+            return []
+        # The host read: every row's finished flag and the caches' reach, in one transfer.
+        timing, self._timing = self._timing, None
+        extra = [st.cached.max(0, keepdim=True).values] + ([timing[3][None]] if timing else [])
+        values = torch.cat([st.finished.long(), *extra]).tolist()
+        n = len(self.rows)
+        fin, self.reach = values[:n], values[n]
+        if timing:  # what the step cost feeds `auto`'s choice (steps of one mode only)
+            self.chooser.observe(timing[0], timing[1], tokens=values[n + 1], seconds=time.perf_counter() - timing[2])
         ended = [i for i, (r, f) in enumerate(zip(self.rows, fin, strict=True)) if f and r is not None]
         results: list[DecodeResult] = []
         if ended:
             idx = torch.tensor(ended, dtype=torch.long, device=self.device)
-            lens = t["committed"][idx].tolist()
-            rows = t["buf"][idx].tolist()
-            stats = torch.stack([t[n][idx] for n in ("steps", "nar", "ar", "drafted")], 1).tolist()
+            lens = st.committed[idx].tolist()
+            rows = st.buf[idx].tolist()
+            stats = torch.stack([st.steps[idx], st.nar[idx], st.ar[idx], st.drafted[idx]], 1).tolist()
             c = self.counters
             for i, n, toks, (steps, nar, ar_, drafted) in zip(ended, lens, rows, stats, strict=True):
                 req = self.rows[i]
@@ -438,8 +397,7 @@ class ContinuousBatcher:
             assert req is not None
             self._clear()
             return [DecodeResult(request=req, error=exc)]
-        seq = self.t["seq"].tolist()
-        live.sort(key=lambda i: seq[i])
+        live.sort(key=lambda i: self.seq[i])
         keep, back = live[: len(live) // 2], live[len(live) // 2:]
         self.waiting.extendleft(reversed([self.rows[i] for i in back]))  # type: ignore[misc]
         self.counters.preempted += len(back)

@@ -171,15 +171,6 @@ class Yue2SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
         return self.out_proj(_merge_heads(y))
 
-    def step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cache: Yue2KVCache, position: int) -> torch.Tensor:
-        """One new token per row at `position`: x (B, C) -> (B, C), the cache extended by one."""
-        b = x.shape[0]
-        qkv = layout.linear(x, self.qkv_proj).view(b, 3, self.num_heads, 1, -1)  # (B, 3, H, 1, D)
-        q, k, v = qkv.unbind(1)  # (B, H, 1, D) each
-        k, v = cache.update(position, k, v)  # (B, H, position + 1, D)
-        y = F.scaled_dot_product_attention(q, k, v)  # (B, H, 1, D)
-        return layout.linear(y.reshape(b, -1), self.out_proj)
-
     def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cache: Yue2KVCache, positions: torch.Tensor,
                    span: int, mask: torch.Tensor) -> torch.Tensor:
         """W new tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C).
@@ -215,14 +206,6 @@ class Yue2CrossAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
         return self.out_proj(_merge_heads(y))
-
-    def step(self, x: torch.Tensor, *, layout: Yue2StepLayout, kv: tuple[torch.Tensor, torch.Tensor],
-             mask: torch.Tensor | None) -> torch.Tensor:
-        """One query per row: x (B, C) -> (B, C)."""
-        b = x.shape[0]
-        q = layout.linear(x, self.q_proj).view(b, self.num_heads, 1, -1)  # (B, H, 1, D)
-        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask)  # (B, H, 1, D)
-        return layout.linear(y.reshape(b, -1), self.out_proj)
 
     def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, kv: tuple[torch.Tensor, torch.Tensor],
                    mask: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -283,27 +266,15 @@ class Yue2DecoderLayer(nn.Module):
         x = self.encoder_attn_layer_norm(x + _drop(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), p, train))
         return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
 
-    def step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
-             enc_mask: torch.Tensor | None, cache: Yue2KVCache, position: int) -> torch.Tensor:
-        """Inference for one new token per row, x (B, C) -> (B, C).
-
-        The same arithmetic as `forward`, on 2-D tensors through the functional ops: at one
-        token per row a decode step costs weight reads and op dispatch, not FLOPs, so every
-        skipped reshape and module call counts.
-        """
-        c = (x.shape[-1],)
-        ln1, ln2, ln3, ffn = self.self_attn_layer_norm, self.encoder_attn_layer_norm, self.final_layer_norm, self.ffn
-        a = self.self_attn.step(x, layout=layout, cache=cache, position=position)
-        x = F.layer_norm(x + a, c, ln1.weight, ln1.bias, ln1.eps)
-        a = self.encoder_attn.step(x, layout=layout, kv=cross_kv, mask=enc_mask)
-        x = F.layer_norm(x + a, c, ln2.weight, ln2.bias, ln2.eps)
-        h = ffn.act(layout.linear(x, ffn.fc1))  # (B, F)
-        return F.layer_norm(x + layout.linear(h, ffn.fc2), c, ln3.weight, ln3.bias, ln3.eps)
-
     def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
                    enc_mask: torch.Tensor | None, cache: Yue2KVCache, positions: torch.Tensor, span: int,
                    self_mask: torch.Tensor) -> torch.Tensor:
-        """`step` for W tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C)."""
+        """Inference for W new tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C).
+
+        The same arithmetic as `forward`, on 2-D tensors through the functional ops: at a few
+        tokens per row a decode step costs weight reads and op dispatch, not FLOPs, so every
+        skipped reshape and module call counts.
+        """
         c = (x.shape[-1],)
         ln1, ln2, ln3, ffn = self.self_attn_layer_norm, self.encoder_attn_layer_norm, self.final_layer_norm, self.ffn
         a = self.self_attn.block_step(x, layout=layout, cache=cache, positions=positions, span=span, mask=self_mask)
@@ -503,23 +474,6 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         if layout is None or layout.key is None or layout.key != _weights_key(self):
             layout = self._step_layout = Yue2StepLayout(self)
         return layout
-
-    def decode_step(self, token: torch.Tensor, enc: Yue2EncoderState, *, caches: list[Yue2KVCache], position: int,
-                    layout: Yue2StepLayout) -> torch.Tensor:
-        """AR inference step: token (B,) at `position` -> next-token logits (B, V), caches extended.
-
-        Equal to `lm_logits(decode(...))` on one token; the decode loop's fast path.
-        """
-        ln = self.decoder_layernorm_embedding
-        x = F.embedding(token, self.shared.weight)  # (B, C)
-        if self.embed_scale != 1.0:
-            x = x * self.embed_scale
-        x = x + self.decoder_embed_positions.weight[position + POSITION_OFFSET]
-        x = F.layer_norm(x, (x.shape[-1],), ln.weight, ln.bias, ln.eps)
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, layout=layout, cross_kv=enc.cross_kv[i], enc_mask=enc.mask, cache=caches[i],
-                           position=position)
-        return layout.lm_logits(x)
 
     def decode_block(self, tokens: torch.Tensor, enc: Yue2EncoderState, *, caches: list[Yue2KVCache],
                      positions: torch.Tensor, layout: Yue2StepLayout, span: int | None = None) -> torch.Tensor:

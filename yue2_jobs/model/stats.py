@@ -42,19 +42,16 @@ class StatsRecorder:
         self.ar = torch.zeros_like(self.steps)
         self.histogram = torch.zeros(batch_size, max_nar_per_step + 1, dtype=torch.long, device=device)
 
-    def record_step(self, rows: torch.Tensor, *, nar: torch.Tensor, ar: torch.Tensor) -> None:
-        """One decoder step for `rows` (R,), which committed nar + ar tokens each (R,)."""
-        self.steps.index_add_(0, rows, torch.ones_like(rows))
-        self.nar.index_add_(0, rows, nar)
-        self.ar.index_add_(0, rows, ar)
-        self.histogram.index_put_((rows, nar.clamp(max=self.histogram.shape[1] - 1)), torch.ones_like(rows),
-                                  accumulate=True)
-
-    def record_ar_tokens(self, tokens: torch.Tensor) -> None:
-        """Rows (B,) that decoded `tokens` tokens one AR step each (`ar` mode)."""
-        self.steps += tokens
-        self.ar += tokens
-        self.histogram[:, 0] += tokens
+    def record_rows(self, rows: torch.Tensor, *, steps: torch.Tensor, nar: torch.Tensor, ar: torch.Tensor,
+                    histogram: torch.Tensor) -> None:
+        """The finished rows `rows` (R,): their steps, NAR and AR tokens (R,) and per-row
+        histograms (R, N) of NAR tokens per step (counts past this recorder's width are folded
+        into its last bucket)."""
+        self.steps[rows], self.nar[rows], self.ar[rows] = steps, nar, ar
+        width = self.histogram.shape[1]
+        hist = histogram[:, :width].clone()
+        hist[:, -1] += histogram[:, width:].sum(1)
+        self.histogram[rows] = hist
 
     def record_parallel(self, *, steps: int, nar: torch.Tensor, ar: torch.Tensor) -> None:
         """Every row decoded in `steps` fully parallel passes (`nar` mode), nar + ar tokens each (B,)."""
