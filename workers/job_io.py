@@ -24,3 +24,4 @@ class JobOutput:
     nar_tokens: int
     files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
     extra: dict[str, Any] | None = None  # merged into the job's output JSON
+    mode: str | None = None  # the decoding mode that ran (what `auto` resolved to)

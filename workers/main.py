@@ -87,11 +87,13 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     else:
         start_dir, directory_for = active_directory(settings, sessions, variant)
     runner = load_runner(settings, variant, start_dir)
-    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s)", node, runner.checkpoint, queue_for(variant),
-             settings.batching, sorted(os.sched_getaffinity(0)))
+    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s, %d CUDA graphs captured in %.1fs)", node,
+             runner.checkpoint, queue_for(variant), settings.batching, sorted(os.sched_getaffinity(0)),
+             getattr(runner, "graph_count", 0), getattr(runner, "graph_capture_s", 0.0))
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
     assert ctx.metrics is not None
     ctx.metrics.checkpoint_event("load", runner.checkpoint)
+    ctx.metrics.runner_loaded(runner)
     if settings.metrics_port:
         ctx.metrics.serve(settings.metrics_port, host=settings.metrics_host)
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
@@ -128,6 +130,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         assert ctx.metrics is not None
         ctx.metrics.queue_depth.labels(node, "broker").set(queue_depth(settings, variant))
         ctx.metrics.sample_gpu()
+        ctx.metrics.sample_modes(ctx.runner)
 
     def reconcile() -> None:
         with sessions() as session:

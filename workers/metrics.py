@@ -41,6 +41,13 @@ class WorkerMetrics:
                                          [*w, "event", "checkpoint"], registry=r)
         self.gpu_memory = Gauge("yue2_worker_gpu_memory_bytes", "CUDA memory of this process.", [*w, "kind"],
                                 registry=r)
+        self.graphs = Gauge("yue2_worker_cuda_graphs", "Decode-step CUDA graphs captured for the loaded model.", w,
+                            registry=r)
+        self.graph_capture = Gauge("yue2_worker_graph_capture_seconds", "Time the CUDA graph capture took.", w,
+                                   registry=r)
+        self.mode_speed = Gauge("yue2_worker_mode_tokens_per_second",
+                                "What `auto` measured: tokens/s of ar and hybrid by batch-size bucket.",
+                                [*w, "bucket", "mode"], registry=r)
         self._lock = threading.Lock()
         self._window = (time.monotonic(), 0, 0, 0)  # start, tokens, nar, drafted: for the rates
         self._reported = 0  # engine drafts already added to the counter
@@ -82,6 +89,20 @@ class WorkerMetrics:
     def tokens_done(self, *, tokens: int, nar_tokens: int) -> None:
         self.tokens.labels(self.worker).inc(tokens)
         self.nar_tokens.labels(self.worker).inc(nar_tokens)
+
+    def runner_loaded(self, runner: Any) -> None:
+        """A (new) runner is serving: its graph capture, as the ready log reports it."""
+        self.graphs.labels(self.worker).set(getattr(runner, "graph_count", 0))
+        self.graph_capture.labels(self.worker).set(getattr(runner, "graph_capture_s", 0.0))
+
+    def sample_modes(self, runner: Any) -> None:
+        """Copy the `auto` chooser's measurements (a model runner's; a font runner has none)."""
+        model = getattr(runner, "model", None)
+        chooser = getattr(model, "_yue2_mode_chooser", None)
+        for bucket, row in (chooser.table() if chooser is not None else {}).items():
+            for mode in ("ar", "hybrid"):
+                if f"{mode}_tok_s" in row:
+                    self.mode_speed.labels(self.worker, str(bucket), mode).set(float(row[f"{mode}_tok_s"]))
 
     def sample_gpu(self) -> None:
         import torch

@@ -73,7 +73,8 @@ def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput, dea
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
               "input_tokens": out.input_tokens,
-              "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens}
+              "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens,
+              "decoded_mode": out.mode}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
     assert ctx.uploader is not None
     body = job_output_body(job, out.text)

@@ -115,6 +115,7 @@ def adopt_pending(ctx: Any) -> bool:
     ctx.swap_status.update(state="serving")
     ctx.report_now.set()
     ctx.metrics.checkpoint_event("swap", new.checkpoint)
+    ctx.metrics.runner_loaded(new)
     log.info("swapped %s -> %s", old.checkpoint, new.checkpoint)
     del old
     gc.collect()

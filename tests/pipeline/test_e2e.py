@@ -232,15 +232,19 @@ def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, worke
     worker = workers()
     jobs = {
         "ar": client.submit_job({"input": text, "mode": "ar"}),
-        "hybrid": client.submit_job({"input": text}),
+        "hybrid": client.submit_job({"input": text, "mode": "hybrid"}),
+        "auto": client.submit_job({"input": text}),  # the default mode
         "sampled": client.submit_job({"kind": "generate", "prompt": text, "do_sample": True, "seed": 7,
                                       "temperature": 0.8, "max_new_tokens": 20, "mode": "ar"}),
     }
     done = {k: wait_for(lambda j=j: (s := client.job(j["id"]))["status"] in ("succeeded", "failed") and s,
                         timeout=120, what=f"{k} job") for k, j in jobs.items()}
     assert {s["status"] for s in done.values()} == {"succeeded"}, (done, worker.tail())
-    assert done["ar"]["output"] == done["hybrid"]["output"] == direct_summaries((text,))[text]
+    assert done["ar"]["output"] == done["hybrid"]["output"] == done["auto"]["output"] == direct_summaries((text,))[text]
     assert done["hybrid"]["params"]["mode"] == "hybrid" and done["hybrid"]["decoding"]["tau"] >= 1.0
+    # Each job records the mode it ran: `auto` resolves to one of the two lossless modes.
+    assert (done["ar"]["decoding"]["mode"], done["hybrid"]["decoding"]["mode"]) == ("ar", "hybrid")
+    assert done["auto"]["params"]["mode"] == "auto" and done["auto"]["decoding"]["mode"] in ("ar", "hybrid")
     model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
     enc = tokenizer([text], truncation=True, max_length=128, return_tensors="pt")
     with torch.inference_mode():

@@ -43,3 +43,29 @@ def test_metrics_listen_on_loopback_unless_configured() -> None:
     other = free_port()
     WorkerMetrics(worker="w", max_rows=1).serve(other, host="0.0.0.0")
     assert _listening(other) == ["0.0.0.0"]
+
+
+def test_graph_capture_and_auto_mode_measurements_are_exported() -> None:
+    from yue2_jobs.model.auto_mode import ModeChooser
+
+    m = WorkerMetrics(worker="w", max_rows=4)
+    chooser = ModeChooser(warmup=1)
+    chooser.observe("ar", 1, tokens=100, seconds=0.1)
+    chooser.observe("hybrid", 1, tokens=100, seconds=0.05)
+    runner = SimpleNamespace(graph_count=16, graph_capture_s=2.5, model=SimpleNamespace(_yue2_mode_chooser=chooser))
+    m.runner_loaded(runner)
+    m.sample_modes(runner)
+    m.sample_modes(SimpleNamespace())  # a font runner: no model, nothing to export
+    assert m.graphs.labels("w")._value.get() == 16 and m.graph_capture.labels("w")._value.get() == 2.5
+    assert m.mode_speed.labels("w", "1", "hybrid")._value.get() == 2000.0
+    assert m.mode_speed.labels("w", "1", "ar")._value.get() == 1000.0
+
+
+def test_dtype_auto_is_bf16_on_cuda_and_fp32_on_the_cpu() -> None:
+    import torch
+
+    from workers.runner import resolve_dtype
+
+    assert resolve_dtype("auto", torch.device("cuda")) is torch.bfloat16
+    assert resolve_dtype("auto", torch.device("cpu")) is torch.float32
+    assert resolve_dtype("float16", torch.device("cpu")) is torch.float16

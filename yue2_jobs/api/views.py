@@ -25,7 +25,7 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
         "attempts": job.attempts, "error": job.error, "worker": job.worker,
         "created_at": ts(job.created_at), "started_at": ts(job.started_at), "finished_at": ts(job.finished_at),
         "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
-        "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
+        "decoding": {"mode": job.decoded_mode, "decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
                      "tau": round(job.output_tokens / job.decoder_steps, 3)
                      if job.output_tokens and job.decoder_steps else None},
         "output": None, "output_url": None,

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
+MODES = ("auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
 
 
 class Settings(BaseSettings):
@@ -41,7 +41,8 @@ class Settings(BaseSettings):
 
     # --- job defaults and limits (each limit is reported by name in the 4xx that enforces it)
     default_variant: str = Field("base", description="Variant a job runs on when it names none.")
-    default_mode: str = Field("hybrid", description="Decoding mode a job runs in when it names none.")
+    default_mode: str = Field("auto", description="Decoding mode a job runs in when it names none (auto: the faster "
+                              "of ar and hybrid, which give the same tokens, as measured by the worker).")
     default_max_new_tokens: int = Field(48, ge=1, description="Summary length cap when a job names none.")
     max_new_tokens_limit: int = Field(256, ge=1, description="Largest `max_new_tokens` a job may ask for.")
     max_input_chars: int = Field(20_000, ge=1, description="Largest `input`/`prompt` of one job, in characters.")
@@ -73,6 +74,9 @@ class Settings(BaseSettings):
     worker_ready_file: Path | None = Field(None, description="A worker touches this file once it consumes tasks.")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads in a worker.")
     device: str = Field("auto", description="A worker's torch device: `auto` (CUDA when visible), `cpu`, `cuda`.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="A worker's weight dtype: `auto` is bfloat16 on CUDA and float32 on the CPU.")
+    cuda_graphs: bool = Field(True, description="Capture the decode step in CUDA graphs at worker start (CUDA).")
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="`continuous`: greedy ar/hybrid jobs share decoder steps and refill finished "
         "rows at once; `static`: every micro-batch decodes to its longest row (the old path)."

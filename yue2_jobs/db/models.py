@@ -130,6 +130,7 @@ class Job(Base):
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     decoder_steps: Mapped[int | None] = mapped_column(Integer)
     nar_tokens: Mapped[int | None] = mapped_column(Integer)
+    decoded_mode: Mapped[str | None] = mapped_column(String(16))  # what `params.mode` ran as (auto -> ar|hybrid)
     experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
     reference: Mapped[str | None] = mapped_column(Text)  # a batch line's reference summary, for ROUGE in reports
 

@@ -22,7 +22,7 @@ from yue2_jobs.storage import Storage
 def job_output_body(job: Job, output_text: str) -> dict[str, Any]:
     """The JSON a succeeded job produced: stored at its output key and inlined in API answers."""
     return {"id": job.id, "object": f"yue2.{job.kind}", "custom_id": job.custom_id, "variant": job.variant,
-            "checkpoint": job.checkpoint, "mode": job.params.get("mode"), "output": output_text,
+            "checkpoint": job.checkpoint, "mode": job.decoded_mode or job.params.get("mode"), "output": output_text,
             "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
             "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens}}
 

@@ -25,7 +25,7 @@ class DecodingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup"] | None = None
+    mode: Literal["auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup"] | None = None
     max_new_tokens: int | None = Field(None, ge=1)
     do_sample: bool = False
     temperature: float = Field(1.0, gt=0, le=10)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 AUTO = "auto"
 LOSSLESS = ("ar", "hybrid")
@@ -75,3 +76,12 @@ class ModeChooser:
                 if all(f"{m}_tok_s" in row for m in LOSSLESS):
                     row["faster"] = max(LOSSLESS, key=lambda m: float(row[f"{m}_tok_s"]))
             return out
+
+
+def chooser_for(model: Any) -> ModeChooser:
+    """The model's own chooser, shared by `generate` and the continuous engine on that model."""
+    chooser = getattr(model, "_yue2_mode_chooser", None)
+    if chooser is None:
+        chooser = ModeChooser()
+        model._yue2_mode_chooser = chooser
+    return chooser

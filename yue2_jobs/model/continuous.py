@@ -33,9 +33,10 @@ from typing import Any, Literal
 
 import torch
 
-from yue2_jobs.model.auto_mode import AUTO, ModeChooser
+from yue2_jobs.model.auto_mode import AUTO, ModeChooser, chooser_for
 from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape, engine_step
 from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB
+from yue2_jobs.model.graphs import captured
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import SequenceStats
 
@@ -99,7 +100,7 @@ class ContinuousBatcher:
             raise ValueError(f"policy must be 'continuous' or 'static', got {policy!r}")
         cfg = model.config
         self.model, self.policy, self.max_rows = model, policy, max_rows
-        self.chooser = chooser or ModeChooser()
+        self.chooser = chooser or chooser_for(model)
         self._timing: tuple[str, int, float, torch.Tensor] | None = None  # (mode, rows, start, tokens) of a step
         self.limit = cfg.max_position_embeddings - 1  # most new tokens a row may ask for
         self.max_tokens = max_tokens if max_tokens is not None else max_rows * (cfg.max_position_embeddings * 2)
@@ -337,8 +338,11 @@ class ContinuousBatcher:
         start = time.perf_counter()
         shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none",
                              ban_eos=any(r is not None and r.min_new_tokens > 0 for r in self.rows))
-        engine_step(self.model, self.st, self._encoder_state(), self.caches, layout=self.model.step_layout(),
-                    shape=shape, span=min(self.t_cache, self.reach + shape.width))
+        graphs = captured(self.model, shape)
+        enc = self._encoder_state()
+        if graphs is None or not graphs.run(self.st, enc, self.caches):
+            engine_step(self.model, self.st, enc, self.caches, layout=self.model.step_layout(), shape=shape,
+                        span=min(self.t_cache, self.reach + shape.width))
         self.reach += shape.width
         tokens = self.st.nar.sum() + self.st.ar.sum() - before  # read with the finished flags, in `_collect`
         self._timing = (modes.pop() if len(modes) == 1 else "", self.live, start, tokens)

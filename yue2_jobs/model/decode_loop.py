@@ -15,6 +15,7 @@ from typing import Protocol
 import torch
 
 from yue2_jobs.model.engine import NEVER_TRUST, DraftSource, Rows, StepShape, engine_step
+from yue2_jobs.model.graphs import captured
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.sampling import SamplingParams
 from yue2_jobs.model.stats import StatsRecorder
@@ -102,10 +103,12 @@ def decode_batch(model: Yue2ForConditionalGeneration, *, enc: Yue2EncoderState, 
     draft_q: list[torch.Tensor | None] = [None]
     reach = 0  # the host's bound on every row's cached length: attention reads reach + width positions
     every = 1 if policy.host_drafter is not None else (sync_every or default_sync_every(dev))
+    graphs = None if params.do_sample else captured(model, shape)
     while True:
         for _ in range(every):
-            engine_step(model, rows, enc, caches, layout=layout, shape=shape,
-                        span=min(cache_len, reach + shape.width), generator=generator, draft_q=draft_q)
+            if graphs is None or not graphs.run(rows, enc, caches):
+                engine_step(model, rows, enc, caches, layout=layout, shape=shape,
+                            span=min(cache_len, reach + shape.width), generator=generator, draft_q=draft_q)
             reach += shape.width
         if policy.host_drafter is not None:
             _lookup_drafts(policy.host_drafter, ids, rows, total)

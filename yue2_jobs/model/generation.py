@@ -12,10 +12,12 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
 
+from yue2_jobs.model.auto_mode import AUTO, chooser_for
 from yue2_jobs.model.decode_loop import DraftPolicy, PromptLookupDrafter, decode_batch
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.sampling import (  # noqa: F401 - re-exported: the sampling API's historic home
@@ -28,7 +30,7 @@ from yue2_jobs.model.sampling import (  # noqa: F401 - re-exported: the sampling
 )
 from yue2_jobs.model.stats import SequenceStats, StatsRecorder
 
-MODES = ("ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
+MODES = ("auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_NAR_ITERATIONS = 4
 # `hybrid` verifies a NAR draft token only while the confidence head's joint p(accept) up to it
@@ -79,7 +81,8 @@ def generate(
     `max_new_tokens` defaults to 64 (or less, for a model with fewer positions); a larger
     value than the model's positions allow is an error, never silently cut.
 
-    `mode`: `ar`, `hybrid` (the default: greedy output identical to `ar`; sampled output
+    `mode`: `auto` (`ar` or `hybrid`, whichever this model has measured faster at this batch
+    size: `auto_mode.py`), `ar`, `hybrid` (the default: greedy output identical to `ar`; sampled output
     distributed as `ar`'s), `hybrid_fast` (drafts with confidence >= `nar_threshold`, default the config's,
     are kept unverified), `nar` (`nar_iterations` parallel refinement passes) or
     `prompt_lookup` (drafts copied from the input, verified; lossless like `hybrid`). Every mode
@@ -98,6 +101,10 @@ def generate(
     k = model.config.nar_block_size
     stats = StatsRecorder(input_ids.shape[0], max_nar_per_step=2 * k if mode == "hybrid_fast" else k,
                           device=input_ids.device)
+    chooser, started = None, time.perf_counter()
+    if mode == AUTO:
+        chooser = chooser_for(model)
+        mode = chooser.choose(input_ids.shape[0])
     if mode == "nar":
         from yue2_jobs.model.nar_decode import nar_generate
 
@@ -116,6 +123,9 @@ def generate(
                                     params=params, generator=generator, policy=policy, stats=stats,
                                     sync_every=sync_every)
         seqs = trim_to_lengths(buf, lengths, model.config.pad_token_id)
+        if chooser is not None:
+            chooser.observe(mode, input_ids.shape[0], tokens=int((lengths - 1).sum()),
+                            seconds=time.perf_counter() - started)
     if return_dict_in_generate:
         return Yue2GenerateOutput(sequences=seqs, stats=stats.finish(), mode=mode)
     return seqs

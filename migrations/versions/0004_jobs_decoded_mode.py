@@ -1,0 +1,26 @@
+"""jobs.decoded_mode: the decoding mode a job actually ran in (`auto` resolves to ar or hybrid)
+
+Revision ID: 0004
+Revises: 0003
+Create Date: 2026-12-04 22:00:00
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = '0004'
+down_revision = '0003'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('jobs', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('decoded_mode', sa.String(length=16), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('jobs', schema=None) as batch_op:
+        batch_op.drop_column('decoded_mode')
