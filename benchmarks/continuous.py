@@ -35,9 +35,11 @@ import torch
 from bench_args import ROOT
 from transformers.utils import logging as hf_logging
 
+from workers.runner import resolve_device, resolve_dtype
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
 from yue2_jobs.model.data import read_split
+from yue2_jobs.model.graphs import capture_for_serving
 
 POLICIES = ("static", "continuous")
 
@@ -85,7 +87,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--load", type=float, default=0.8, help="arrival rate as a share of static offline jobs/s")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default, as a worker runs)")
-    p.add_argument("--mode", default="hybrid", choices=["hybrid", "ar"])
+    p.add_argument("--mode", default="hybrid", choices=["hybrid", "ar", "auto"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (CUDA when visible)")
+    p.add_argument("--dtype", default="auto", help="auto: bf16 on CUDA, fp32 on the CPU (YUE2_DTYPE)")
+    p.add_argument("--no-graphs", action="store_true", help="on CUDA, step eagerly instead of replaying graphs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default=str(ROOT / "checkpoints" / "base"))
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "continuous.json"))
@@ -95,6 +100,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_checkpoint(args.checkpoint)
+    device = resolve_device(args.device)
+    model.to(device, dtype=resolve_dtype(args.dtype, device))
+    if device.type == "cuda" and not args.no_graphs:
+        captured = capture_for_serving(model, max_rows=args.rows, min_lengths=(True,))  # its jobs set min lengths
+        print(f"{sum(g.count for g in captured)} CUDA graphs captured in {sum(g.capture_s for g in captured):.1f}s")
     texts = [r["text"] for r in read_split(ROOT / "data", "general", "eval")]
     ids = tok(texts, truncation=True, max_length=128)["input_ids"]
     jobs = workload(ids, args.jobs, args.seed)

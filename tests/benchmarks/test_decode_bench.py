@@ -29,3 +29,28 @@ def test_decode_benchmark_writes_every_method(tmp_path):
             assert by[("hybrid", bs)][key] is not None
     assert "roofline_tok_s" in by[("hybrid", 1)]  # the GPU roofline column, forced by --hbm-gbps
     assert "hybrid_fast@0.5" in proc.stdout and "nar (4 iterations)" in proc.stdout
+
+
+def test_step_cost_benchmark_runs_on_the_cpu(tmp_path):
+    """The GPU check's step-cost table, on a tiny shape: every line but the graph capture runs here."""
+    out = tmp_path / "step_cost.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_cost.py"), "--shapes", "tiny", "--batch-sizes", "1", "2",
+         "--new-tokens", "8", "--source", "16", "--device", "cpu", "--hbm-gbps", "50", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["batch"], r["mode"]) for r in rows] == [(1, "ar"), (1, "hybrid"), (2, "ar"), (2, "hybrid")]
+    assert all(r["step_s"] > 0 and not r["graphs"] for r in rows)
+    assert rows[0]["share_of_roofline"] > 0 and "hybrid step =" in proc.stdout
+
+
+def test_gpu_check_script_is_valid_and_refuses_without_a_gpu(tmp_path):
+    script = ROOT / "benchmarks" / "gpu_check.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                              env={**__import__("os").environ, "PYTHON": sys.executable}, timeout=120)
+        assert proc.returncode != 0 and "no CUDA device" in proc.stderr

@@ -169,14 +169,15 @@ def captured(model: Yue2ForConditionalGeneration, shape: StepShape) -> StepGraph
     return getattr(model, "_yue2_step_graphs", {}).get(shape)
 
 
-def capture_for_serving(model: Yue2ForConditionalGeneration, *, max_rows: int,
-                        use_graphs: bool | None = None) -> list[StepGraphs]:
+def capture_for_serving(model: Yue2ForConditionalGeneration, *, max_rows: int, use_graphs: bool | None = None,
+                        min_lengths: tuple[bool, ...] = (False,)) -> list[StepGraphs]:
     """Capture what a worker decodes, greedy `ar` (width 1) and `hybrid` (width 1 + K), for
-    row buckets up to `max_rows`; the decode loops of this model replay them from then on."""
+    row buckets up to `max_rows`; the decode loops of this model replay them from then on.
+    `min_lengths` (True): also the steps of rows with a minimum length (benchmarks use them)."""
     k = model.config.nar_block_size
     buckets = (*(b for b in DEFAULT_BUCKETS if b < max_rows), max_rows)
     store: dict[StepShape, StepGraphs] = {}
-    for shape in (StepShape.of(k=k, drafts="none"), StepShape.of(k=k, drafts="nar")):
+    for shape in (StepShape.of(k=k, drafts=d, ban_eos=b) for b in min_lengths for d in ("none", "nar")):
         store[shape] = StepGraphs.capture(model, shape=shape, buckets=buckets, use_graphs=use_graphs)
     model._yue2_step_graphs = store
     return list(store.values())
