@@ -74,6 +74,7 @@ def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float], sync_ev
         Method("ours ar", ours("ar")),
         Method("ours prompt_lookup", ours("prompt_lookup")),
         Method("hybrid", ours("hybrid"), extra_weights=True),
+        Method("auto", ours("auto"), extra_weights=True),  # learns over the warm-up run which is faster
     ]
     methods += [Method(f"hybrid_fast@{t:g}", ours("hybrid_fast", nar_threshold=t), extra_weights=True,
                        lossless=False) for t in thresholds]
