@@ -68,6 +68,26 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
     return thread
 
 
+def _check_variant(settings: Settings, variant: str) -> None:
+    if variant not in settings.checkpoints and variant != FONTS_VARIANT:
+        raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
+                         f"({sorted(settings.checkpoints)}) nor {FONTS_VARIANT!r}")
+
+
+def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
+    """The ready log line (with the CUDA graph capture) and the metrics endpoint."""
+    runner = ctx.runner
+    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s, %d CUDA graphs captured in %.1fs)", ctx.name,
+             runner.checkpoint, queue_for(variant), settings.batching, sorted(os.sched_getaffinity(0)),
+             getattr(runner, "graph_count", 0), getattr(runner, "graph_capture_s", 0.0))
+    assert ctx.metrics is not None
+    ctx.metrics.checkpoint_event("load", runner.checkpoint)
+    ctx.metrics.runner_loaded(runner)
+    if settings.metrics_port:
+        ctx.metrics.serve(settings.metrics_port, host=settings.metrics_host)
+        log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
     from workers.swap import install as install_swap_commands
     from workers.swap import report as report_status
@@ -75,28 +95,16 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if variant not in settings.checkpoints and variant != FONTS_VARIANT:
-        raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
-                         f"({sorted(settings.checkpoints)}) nor {FONTS_VARIANT!r}")
+    _check_variant(settings, variant)
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
-    if variant == FONTS_VARIANT:
-        start_dir, directory_for = None, None
-    else:
-        start_dir, directory_for = active_directory(settings, sessions, variant)
+    start_dir, directory_for = (None, None) if variant == FONTS_VARIANT else active_directory(settings, sessions,
+                                                                                             variant)
     runner = load_runner(settings, variant, start_dir)
-    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s, %d CUDA graphs captured in %.1fs)", node,
-             runner.checkpoint, queue_for(variant), settings.batching, sorted(os.sched_getaffinity(0)),
-             getattr(runner, "graph_count", 0), getattr(runner, "graph_capture_s", 0.0))
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
-    assert ctx.metrics is not None
-    ctx.metrics.checkpoint_event("load", runner.checkpoint)
-    ctx.metrics.runner_loaded(runner)
-    if settings.metrics_port:
-        ctx.metrics.serve(settings.metrics_port, host=settings.metrics_host)
-        log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
+    _announce(ctx, settings, variant=variant)
     app = make_celery(settings)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx, directory_for=directory_for)

@@ -34,9 +34,9 @@ from typing import Any, Literal
 import torch
 
 from yue2_jobs.model.auto_mode import AUTO, ModeChooser, chooser_for
-from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape, engine_step
+from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape
 from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB
-from yue2_jobs.model.graphs import captured
+from yue2_jobs.model.graphs import run_step
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.stats import SequenceStats
 
@@ -258,13 +258,12 @@ class ContinuousBatcher:
         self.enc_mask[idx] = new_mask
         for (k_all, v_all), (k, v) in zip(self.kv, kvs, strict=True):
             k_all[idx], v_all[idx] = k, v
-        n = len(take)
         self.st.start(idx, start_token=self.model.config.decoder_start_token_id, pad=pad,
                       total=torch.tensor([1 + r.max_new_tokens for r in take], device=self.device),
                       min_total=torch.tensor([1 + r.min_new_tokens for r in take], device=self.device),
                       draft_on=torch.tensor([r.ran == "hybrid" for r in take], device=self.device),
                       accept_p=torch.tensor([r.min_accept_prob for r in take], device=self.device),
-                      trust_p=torch.full((n,), NEVER_TRUST, device=self.device))
+                      trust_p=NEVER_TRUST)
         for slot in slots:
             self.seq[slot] = next(self._seq)
         for slot, r in zip(slots, take, strict=True):
@@ -338,11 +337,8 @@ class ContinuousBatcher:
         start = time.perf_counter()
         shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none",
                              ban_eos=any(r is not None and r.min_new_tokens > 0 for r in self.rows))
-        graphs = captured(self.model, shape)
-        enc = self._encoder_state()
-        if graphs is None or not graphs.run(self.st, enc, self.caches):
-            engine_step(self.model, self.st, enc, self.caches, layout=self.model.step_layout(), shape=shape,
-                        span=min(self.t_cache, self.reach + shape.width))
+        run_step(self.model, self.st, self._encoder_state(), self.caches, layout=self.model.step_layout(),
+                 shape=shape, span=min(self.t_cache, self.reach + shape.width))
         self.reach += shape.width
         tokens = self.st.nar.sum() + self.st.ar.sum() - before  # read with the finished flags, in `_collect`
         self._timing = (modes.pop() if len(modes) == 1 else "", self.live, start, tokens)

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
-from yue2_jobs.model.engine import NEVER_TRUST, DraftSource, Rows, StepShape, engine_step
-from yue2_jobs.model.graphs import captured
+from yue2_jobs.model.engine import NEVER_TRUST, DraftSource, Rows, StepShape
+from yue2_jobs.model.graphs import run_step
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.sampling import SamplingParams
 from yue2_jobs.model.stats import StatsRecorder
@@ -89,11 +89,9 @@ def decode_batch(model: Yue2ForConditionalGeneration, *, enc: Yue2EncoderState, 
     t_buf, cache_len = total + 2 * k + 2, total + k + 1
     rows = Rows.empty(b, k=k, t_buf=t_buf, device=dev)
     everyone = torch.arange(b, device=dev)
-    full = torch.full((b,), 1.0, device=dev)
-    rows.start(everyone, start_token=cfg.decoder_start_token_id, pad=pad, total=everyone * 0 + total,
-               min_total=everyone * 0, draft_on=torch.full((b,), policy.source == "nar", device=dev),
-               accept_p=full * policy.min_accept_prob,
-               trust_p=full * (NEVER_TRUST if policy.trust_threshold is None else policy.trust_threshold))
+    rows.start(everyone, start_token=cfg.decoder_start_token_id, pad=pad, total=total, min_total=0,
+               draft_on=policy.source == "nar", accept_p=policy.min_accept_prob,
+               trust_p=NEVER_TRUST if policy.trust_threshold is None else policy.trust_threshold)
     shape = StepShape.of(k=k, drafts=policy.source, params=params, trust=policy.trust_threshold is not None)
     caches = model.new_caches(batch_size=b, max_len=cache_len)
     layout = model.step_layout()
@@ -103,12 +101,10 @@ def decode_batch(model: Yue2ForConditionalGeneration, *, enc: Yue2EncoderState, 
     draft_q: list[torch.Tensor | None] = [None]
     reach = 0  # the host's bound on every row's cached length: attention reads reach + width positions
     every = 1 if policy.host_drafter is not None else (sync_every or default_sync_every(dev))
-    graphs = None if params.do_sample else captured(model, shape)
     while True:
         for _ in range(every):
-            if graphs is None or not graphs.run(rows, enc, caches):
-                engine_step(model, rows, enc, caches, layout=layout, shape=shape,
-                            span=min(cache_len, reach + shape.width), generator=generator, draft_q=draft_q)
+            run_step(model, rows, enc, caches, layout=layout, shape=shape, span=min(cache_len, reach + shape.width),
+                     generator=generator, draft_q=draft_q)
             reach += shape.width
         if policy.host_drafter is not None:
             _lookup_drafts(policy.host_drafter, ids, rows, total)

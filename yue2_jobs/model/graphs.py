@@ -22,7 +22,12 @@ from dataclasses import dataclass, fields
 import torch
 
 from yue2_jobs.model.engine import Rows, StepShape, engine_step
-from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache
+from yue2_jobs.model.modeling_yue2 import (
+    Yue2EncoderState,
+    Yue2ForConditionalGeneration,
+    Yue2KVCache,
+    Yue2StepLayout,
+)
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -181,3 +186,14 @@ def capture_for_serving(model: Yue2ForConditionalGeneration, *, max_rows: int, u
         store[shape] = StepGraphs.capture(model, shape=shape, buckets=buckets, use_graphs=use_graphs)
     model._yue2_step_graphs = store
     return list(store.values())
+
+
+def run_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *,
+             layout: Yue2StepLayout, shape: StepShape, span: int, generator: torch.Generator | None = None,
+             draft_q: list[torch.Tensor | None] | None = None) -> None:
+    """One engine step: replayed from this model's graphs when they cover the shape and the rows,
+    else eager (`engine_step`'s arguments). Both decode loops step through here."""
+    graphs = None if shape.params.do_sample else captured(model, shape)
+    if graphs is None or not graphs.run(rows, enc, caches):
+        engine_step(model, rows, enc, caches, layout=layout, shape=shape, span=span, generator=generator,
+                    draft_q=draft_q)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+Setting = torch.Tensor | int | float | bool  # per row (N,), or one value for every row
 
 @dataclass
 class Rows:
@@ -59,9 +60,9 @@ class Rows:
         more = Rows.empty(n, k=self.drafts.shape[1], t_buf=self.buf.shape[1], device=self.buf.device)
         return Rows(**{name: torch.cat([x, getattr(more, name)]) for name, x in self.tensors().items()})
 
-    def start(self, idx: torch.Tensor, *, start_token: int, pad: int, total: torch.Tensor, min_total: torch.Tensor,
-              draft_on: torch.Tensor, accept_p: torch.Tensor, trust_p: torch.Tensor) -> None:
-        """(Re)start the rows `idx` (N,) as new sequences; the other arguments are (N,) each."""
+    def start(self, idx: torch.Tensor, *, start_token: int, pad: int, total: Setting, min_total: Setting,
+              draft_on: Setting, accept_p: Setting, trust_p: Setting) -> None:
+        """(Re)start the rows `idx` (N,) as new sequences; each setting is (N,) or one value for all."""
         self.buf[idx] = pad
         self.buf[idx, 0] = start_token
         for name, value in (("committed", 1), ("cached", 0), ("finished", False), ("n_drafts", 0), ("steps", 0),
