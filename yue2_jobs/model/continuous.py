@@ -333,15 +333,16 @@ class ContinuousBatcher:
         The step writes state only once nothing can fail, which `_shed` relies on."""
         modes = {r.ran for r in self.rows if r is not None}
         drafting = "hybrid" in modes
-        before = self.st.nar.sum() + self.st.ar.sum()
+        timed = len(modes) == 1  # only steps of one mode tell `auto` what that mode costs
+        before = self.st.nar.sum() + self.st.ar.sum() if timed else None
         start = time.perf_counter()
         shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none",
                              ban_eos=any(r is not None and r.min_new_tokens > 0 for r in self.rows))
         run_step(self.model, self.st, self._encoder_state(), self.caches, layout=self.model.step_layout(),
                  shape=shape, span=min(self.t_cache, self.reach + shape.width))
         self.reach += shape.width
-        tokens = self.st.nar.sum() + self.st.ar.sum() - before  # read with the finished flags, in `_collect`
-        self._timing = (modes.pop() if len(modes) == 1 else "", self.live, start, tokens)
+        if before is not None:  # the step's token count is read with the finished flags, in `_collect`
+            self._timing = (modes.pop(), self.live, start, self.st.nar.sum() + self.st.ar.sum() - before)
         c = self.counters
         live = self.live
         c.steps += 1
