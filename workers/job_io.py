@@ -25,3 +25,6 @@ class JobOutput:
     files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
     extra: dict[str, Any] | None = None  # merged into the job's output JSON
     mode: str | None = None  # the decoding mode that ran (what `auto` resolved to)
+    input_tokens_used: int | None = None  # None: all of input_tokens
+    input_truncated: bool = False
+    chunks: int | None = None  # long_input=chunk: windows summarised

@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 
 
 def _failure(exc: BaseException) -> dict[str, Any]:
-    code = "invalid_input" if isinstance(exc, InvalidRequestError) else "job_failed"
-    return {"code": code, "message": str(exc) or type(exc).__name__, "status_code": 500}
+    if isinstance(exc, InvalidRequestError):  # the input breaks a rule only the worker can check
+        return {"code": exc.code if exc.code != "invalid_request" else "invalid_input", "message": str(exc),
+                "field": exc.field, "status_code": exc.status}
+    return {"code": "job_failed", "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
 def failed_result(runner: Any, row: Any, exc: BaseException) -> dict[str, Any]:
@@ -74,7 +76,9 @@ def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput, dea
     values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
               "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens,
-              "decoded_mode": out.mode}
+              "decoded_mode": out.mode,
+              "input_tokens_used": out.input_tokens if out.input_tokens_used is None else out.input_tokens_used,
+              "input_truncated": out.input_truncated, "chunks": out.chunks}
     job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
     assert ctx.uploader is not None
     body = job_output_body(job, out.text)

@@ -12,16 +12,20 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from workers.job_io import JobInput, JobOutput
+from workers.long_input import MAX_REDUCE_LEVELS, InputTooLongError, count_tokens, windows
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import JobExecutionError
+from yue2_jobs.jobs.params import TEXT_FIELD
 from yue2_jobs.model.continuous import ENGINE_MODES, ContinuousBatcher, DecodeRequest, DecodeResult
 
 log = logging.getLogger(__name__)
+REPETITION_CONTROLS = ("repetition_penalty", "no_repeat_ngram_size")
 
 
 def checkpoint_version(directory: Path) -> str:
@@ -67,6 +71,7 @@ class ModelRunner:
         self.model.to(self.device, dtype=self.dtype)
         self.max_batch = settings.batch_max_jobs
         self.max_input_tokens = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        self._full_tokens: dict[str, int] = {}  # engine jobs' whole input length, until their output
         self.engine: ContinuousBatcher | None = None
         if settings.batching == "continuous":
             self.engine = ContinuousBatcher(self.model, max_rows=settings.engine_max_rows,
@@ -80,9 +85,19 @@ class ModelRunner:
             self.graph_capture_s = sum(g.capture_s for g in captured)
 
     def continuous_ok(self, job: JobInput) -> bool:
-        """Whether the engine can decode this job (greedy auto/ar/hybrid); the rest go through `run`."""
+        """Whether the engine can decode this job (greedy auto/ar/hybrid with the checkpoint's
+        repetition controls, one window of input); the rest go through `run`."""
         p = job.params
-        return self.engine is not None and p.get("mode") in ENGINE_MODES and not p.get("do_sample")
+        return (self.engine is not None and p.get("mode") in ENGINE_MODES and not p.get("do_sample")
+                and not any(name in p for name in REPETITION_CONTROLS) and p.get("long_input") != "chunk")
+
+    def _input_tokens(self, job: JobInput) -> int:
+        """The job's whole input in tokens; raises InputTooLongError for long_input=reject."""
+        n = count_tokens(self.tokenizer, job.text)
+        if n > self.max_input_tokens and job.params.get("long_input") == "reject":
+            raise InputTooLongError(field=TEXT_FIELD.get(job.kind, "input"), tokens=n, limit=self.max_input_tokens,
+                                    checkpoint=self.checkpoint)
+        return n
 
     def tokenize(self, job: JobInput) -> list[int]:
         return self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
@@ -93,8 +108,11 @@ class ModelRunner:
         failed: dict[str, Exception] = {}
         for job in jobs:
             try:
+                self._full_tokens[job.id] = self._input_tokens(job)
                 requests.append(DecodeRequest(id=job, input_ids=self.tokenize(job), mode=job.params["mode"],
                                               max_new_tokens=job.params["max_new_tokens"]))
+            except InputTooLongError as exc:
+                failed[job.id] = exc
             except Exception as exc:
                 log.exception("job %s failed before decoding", job.id)
                 failed[job.id] = JobExecutionError(f"decoding failed: {type(exc).__name__}: {exc}")
@@ -106,14 +124,25 @@ class ModelRunner:
             return JobExecutionError(f"decoding failed: {type(res.error).__name__}: {res.error}")
         assert res.stats is not None
         text = self.tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
-        return JobOutput(text=text, input_tokens=len(res.request.input_ids), output_tokens=res.stats.tokens,
+        used = len(res.request.input_ids)
+        full = self._full_tokens.pop(res.request.id.id, used)
+        return JobOutput(text=text, input_tokens=full, output_tokens=res.stats.tokens,
                          decoder_steps=res.stats.decoder_steps, nar_tokens=res.stats.nar_tokens,
-                         mode=res.request.ran)
+                         mode=res.request.ran, input_tokens_used=used, input_truncated=full > used)
 
     def run(self, jobs: list[JobInput]) -> list[JobOutput | Exception]:
         results: dict[str, JobOutput | Exception] = {}
         groups: dict[str, list[JobInput]] = defaultdict(list)
         for job in jobs:
+            self._full_tokens.pop(job.id, None)  # a rerun after a failed engine step counts afresh
+            try:
+                n = self._input_tokens(job)
+            except InputTooLongError as exc:
+                results[job.id] = exc
+                continue
+            if n > self.max_input_tokens and job.params.get("long_input") == "chunk":
+                self._run_isolating([job], results, chunked=True)
+                continue
             groups[repr(sorted(job.params.items()))].append(job)
         for group in groups.values():
             group.sort(key=lambda j: len(j.text))
@@ -121,9 +150,10 @@ class ModelRunner:
                 self._run_isolating(group[start:start + self.max_batch], results)
         return [results[j.id] for j in jobs]
 
-    def _run_isolating(self, jobs: list[JobInput], results: dict[str, JobOutput | Exception]) -> None:
+    def _run_isolating(self, jobs: list[JobInput], results: dict[str, JobOutput | Exception], *,
+                       chunked: bool = False) -> None:
         try:
-            for job, out in zip(jobs, self.generate(jobs), strict=True):
+            for job, out in zip(jobs, [self.chunked(jobs[0])] if chunked else self.generate(jobs), strict=True):
                 results[job.id] = out
         except Exception as exc:  # a decoding failure of any kind: find the job that causes it
             if len(jobs) == 1:
@@ -138,6 +168,8 @@ class ModelRunner:
     def generate(self, jobs: list[JobInput]) -> list[JobOutput]:
         """One `generate` call for jobs that share their decoding parameters."""
         params = dict(jobs[0].params)
+        params.pop("long_input", None)
+        full = [count_tokens(self.tokenizer, j.text) for j in jobs]
         enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
                              padding=True, return_tensors="pt")
         res = self.model.generate(
@@ -146,7 +178,26 @@ class ModelRunner:
             do_sample=params.pop("do_sample", False), temperature=params.pop("temperature", 1.0),
             top_k=params.pop("top_k", None) or 0, top_p=params.pop("top_p", None) or 1.0, **params)
         texts = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
-        input_tokens = enc["attention_mask"].sum(dim=1).tolist()
-        return [JobOutput(text=t.strip(), input_tokens=int(n), output_tokens=st.tokens,
-                          decoder_steps=st.decoder_steps, nar_tokens=st.nar_tokens, mode=res.mode)
-                for t, n, st in zip(texts, input_tokens, res.stats, strict=True)]
+        used = enc["attention_mask"].sum(dim=1).tolist()
+        return [JobOutput(text=t.strip(), input_tokens=n, output_tokens=st.tokens, decoder_steps=st.decoder_steps,
+                          nar_tokens=st.nar_tokens, mode=res.mode, input_tokens_used=int(u), input_truncated=n > u)
+                for t, n, u, st in zip(texts, full, used, res.stats, strict=True)]
+
+    def chunked(self, job: JobInput) -> JobOutput:
+        """long_input=chunk on an input longer than the checkpoint reads: summarise each window,
+        then the joined partial summaries (split again while they do not fit), as one job."""
+        level = windows(self.tokenizer, job.text, self.max_input_tokens)
+        chunks, steps, nar, cut = len(level), 0, 0, False
+        for depth in range(MAX_REDUCE_LEVELS + 1):
+            if depth == MAX_REDUCE_LEVELS and len(level) > 1:  # never reached on real text; bounded anyway
+                level, cut = level[:1], True
+            parts = [replace(job, text=w) for w in level]
+            outs = [o for i in range(0, len(parts), self.max_batch)
+                    for o in self.generate(parts[i : i + self.max_batch])]
+            steps += sum(o.decoder_steps for o in outs)
+            nar += sum(o.nar_tokens for o in outs)
+            if len(level) == 1:
+                break
+            level = windows(self.tokenizer, " ".join(o.text for o in outs), self.max_input_tokens) or [""]
+        return replace(outs[0], input_tokens=count_tokens(self.tokenizer, job.text), input_tokens_used=None,
+                       input_truncated=cut, decoder_steps=steps, nar_tokens=nar, chunks=chunks)

@@ -28,21 +28,38 @@ def _cmd_train(args: argparse.Namespace) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
-    from yue2_jobs.model.evaluate import evaluate_checkpoint
+    from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
 
     rows = []
     for corpus in args.set:
-        r = evaluate_checkpoint(args.checkpoint, data_dir=args.data, corpus=corpus, limit=args.limit,
-                                batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, mode=args.mode)
-        rows.append({"checkpoint": str(args.checkpoint), "set": corpus, "n": r.count,
-                     "rouge1": r.rouge1, "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct})
-    print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8} {'distinct':>9}")
+        results = [("lead-1", lead_baseline(data_dir=args.data, corpus=corpus, split=args.split, limit=args.limit))]
+        results += [(str(ckpt), evaluate_checkpoint(ckpt, data_dir=args.data, corpus=corpus, split=args.split,
+                                                    limit=args.limit, batch_size=args.batch_size,
+                                                    max_new_tokens=args.max_new_tokens, mode=args.mode,
+                                                    **_controls(args)))
+                    for ckpt in args.checkpoint]
+        rows += [{"checkpoint": name, "set": corpus, "split": args.split, "n": r.count, "rouge1": r.rouge1,
+                  "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct, "degenerate": r.degenerate}
+                 for name, r in results]
+    print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8} {'distinct':>9} "
+          f"{'degenerate':>11}")
     for row in rows:
         print(f"{Path(row['checkpoint']).name:<24} {row['set']:<8} {row['n']:>5} "
               f"{100 * row['rouge1']:>8.2f} {100 * row['rouge2']:>8.2f} {100 * row['rougeL']:>8.2f} "
-              f"{100 * row['distinct']:>8.1f}%")
+              f"{100 * row['distinct']:>8.1f}% {100 * row['degenerate']:>10.1f}%")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def _controls(args: argparse.Namespace) -> dict[str, float | int | None]:
+    return {"repetition_penalty": args.repetition_penalty, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+
+
+def _add_controls(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="HF generate's repetition penalty (default: the checkpoint's generation config)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                   help="ban repeating any n-gram of this size (default: the checkpoint's generation config)")
 
 
 def _cmd_summarize(args: argparse.Namespace) -> None:
@@ -52,7 +69,7 @@ def _cmd_summarize(args: argparse.Namespace) -> None:
     model, tokenizer = load_checkpoint(args.checkpoint)
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     for text, summary in zip(texts, summarize(model, tokenizer, texts, max_new_tokens=args.max_new_tokens,
-                                              mode=args.mode), strict=True):
+                                              mode=args.mode, **_controls(args)), strict=True):
         print(json.dumps({"input": text[:80] + ("…" if len(text) > 80 else ""), "summary": summary},
                          ensure_ascii=False))
 
@@ -339,16 +356,18 @@ def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
         add_arguments(p)
     p.set_defaults(func=_cmd_train)
 
-    p = sub.add_parser("eval", help="ROUGE-1/2/L of a checkpoint on held-out eval sets")
-    p.add_argument("checkpoint")
+    p = sub.add_parser("eval", help="ROUGE-1/2/L and degenerate share of checkpoints (and lead-1) on held-out sets")
+    p.add_argument("checkpoint", nargs="+")
     p.add_argument("--set", action="append", choices=["general", "legal"], required=True,
                    help="eval set; repeat for several")
     p.add_argument("--data", default="data")
+    p.add_argument("--split", default="eval", choices=["eval", "test"], help="held-out split (default eval)")
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mode", default="ar", choices=MODES, help="decoding mode (default ar)")
     p.add_argument("--json", default=None, help="also write the rows here")
+    _add_controls(p)
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("summarize", help="summarise texts given as arguments (or one per stdin line)")
@@ -356,6 +375,7 @@ def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
     p.add_argument("text", nargs="*")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--mode", default="hybrid", choices=MODES, help="decoding mode (default hybrid)")
+    _add_controls(p)
     p.set_defaults(func=_cmd_summarize)
     return parser
 

@@ -27,7 +27,8 @@ from tqdm import tqdm
 
 from yue2_jobs.core.config import ROOT, Settings
 
-SHOWN = 4
+VARIANTS = ("base", "legal")
+SHOWN = 5  # examples printed per variant
 
 
 def _start_api(settings: Settings) -> tuple[object, str]:
@@ -107,6 +108,20 @@ def start_embedded(*, prefix: str, tenant: str) -> EmbeddedStack:
     return EmbeddedStack(home=home, env=env, settings=settings, key=key, url=url, server=server)
 
 
+def _show_examples(lines: list[dict], by_id: dict[str, dict[str, str]]) -> None:
+    """SHOWN outputs of each variant beside their references, spread over the batch."""
+    ordered = sorted(lines, key=lambda ln: int(ln["custom_id"].split("-")[1]))
+    for variant in VARIANTS:
+        mine = [ln for ln in ordered if ln["response"]["body"]["variant"] == variant]
+        print(f"\n{variant} ({'general' if variant == 'base' else 'legal'} eval set):")
+        for line in mine[:: max(1, len(mine) // SHOWN)][:SHOWN]:
+            row, body = by_id[line["custom_id"]], line["response"]["body"]
+            text = row["text"]
+            print(f"[{line['custom_id']}] {text[:110]}{'…' if len(text) > 110 else ''}")
+            print(f"  reference: {row['summary']}")
+            print(f"  {body['checkpoint']}: {body['output']}")
+
+
 def main(*, items: int = 200, keep: bool = False) -> None:
     from yue2_jobs.client import Client
     from yue2_jobs.model.data import read_split
@@ -115,39 +130,37 @@ def main(*, items: int = 200, keep: bool = False) -> None:
     stack = start_embedded(prefix="yue2-demo-", tenant="demo")
     home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server
     print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
-    worker, worker_log = start_worker(env, variant="base", home=home)
+    workers = {v: start_worker(env, variant=v, home=home) for v in VARIANTS}
     try:
-        print(f"worker pid {worker.pid} ready {time.perf_counter() - t_start:.1f}s after start")
-        rows = read_split(ROOT / "data", "general", "eval") + read_split(ROOT / "data", "legal", "eval")
-        rows = rows[:items]
+        pids = ", ".join(f"{v} {proc.pid}" for v, (proc, _) in workers.items())
+        print(f"workers ready {time.perf_counter() - t_start:.1f}s after start (pids: {pids})")
+        # Each variant on its own domain: base summarises package descriptions and docstrings,
+        # legal names the licence a passage comes from.
+        half = items // 2
+        rows = [(r, "base") for r in read_split(ROOT / "data", "general", "eval")[: items - half]]
+        rows += [(r, "legal") for r in read_split(ROOT / "data", "legal", "eval")[:half]]
         batch_file = home / "batch.jsonl"
         batch_file.write_text("".join(json.dumps({"custom_id": f"eval-{i}", "method": "POST", "url": "/v1/summarize",
-                                                  "body": {"input": r["text"]}}, ensure_ascii=False) + "\n"
-                                      for i, r in enumerate(rows)))
+                                                  "body": {"input": r["text"], "variant": v}},
+                                                 ensure_ascii=False) + "\n"
+                                      for i, (r, v) in enumerate(rows)))
         client = Client(url, key)
         t_submit = time.perf_counter()
         batch = client.create_batch(client.upload(batch_file)["id"], metadata={"source": "make demo"})
         print(f"submitted {batch['request_counts']['total']} summaries as {batch['id']} "
-              f"in {time.perf_counter() - t_submit:.2f}s (API at {url}, worker pid {worker.pid})")
+              f"in {time.perf_counter() - t_submit:.2f}s (API at {url})")
         with tqdm(total=len(rows), unit="job", desc="summarizing", file=sys.stdout, mininterval=0.5) as bar:
             def update(state: dict) -> None:
-                if worker.poll() is not None:
-                    raise SystemExit(f"demo: the worker exited ({worker.returncode}):\n"
-                                     f"{worker_log.read_text()[-2000:]}")
+                for proc, log in workers.values():
+                    if proc.poll() is not None:
+                        raise SystemExit(f"demo: a worker exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
                 counts = state["request_counts"]
                 bar.update(counts["completed"] + counts["failed"] - bar.n)
 
             state = client.wait(batch["id"], poll_s=0.2, timeout_s=600, on_update=update)
         wall = time.perf_counter() - t_submit
         lines = [json.loads(ln) for ln in client.file_content(state["output_file_id"]).decode().splitlines()]
-        by_id = {f"eval-{i}": r for i, r in enumerate(rows)}
-        print()
-        for line in sorted(lines, key=lambda ln: int(ln["custom_id"].split("-")[1]))[:: max(1, len(lines) // SHOWN)][
-                :SHOWN]:
-            row, body = by_id[line["custom_id"]], line["response"]["body"]
-            print(f"[{line['custom_id']}] {row['text'][:110]}…")
-            print(f"  reference: {row['summary']}")
-            print(f"  {body['checkpoint']}: {body['output']}")
+        _show_examples(lines, {f"eval-{i}": r for i, (r, _) in enumerate(rows)})
         bodies = [ln["response"]["body"] for ln in lines]
         tokens = sum(b["usage"]["output_tokens"] for b in bodies)
         steps = sum(b["decoding"]["decoder_steps"] for b in bodies)
@@ -166,7 +179,8 @@ def main(*, items: int = 200, keep: bool = False) -> None:
         if counts["failed"] or state["status"] != "completed":
             raise SystemExit(f"demo: batch ended {state['status']} with {counts['failed']} failed requests")
     finally:
-        stop_worker(worker)
+        for proc, _ in workers.values():
+            stop_worker(proc)
         server.should_exit = True  # type: ignore[attr-defined]
         if not keep:
             shutil.rmtree(home, ignore_errors=True)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from rouge_score import rouge_scorer
 
+from yue2_jobs.sentences import is_degenerate
+
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af"
 _TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+")
 
@@ -29,6 +31,7 @@ class RougeResult:
     rougeL: float
     count: int
     distinct: float = 1.0  # share of unique predictions: low means outputs ignore the input
+    degenerate: float = 0.0  # share of predictions that loop or stutter (`sentences.is_degenerate`)
 
 
 def pair_scores(predictions: list[str], references: list[str]) -> list[dict[str, float]]:
@@ -48,4 +51,6 @@ def rouge(predictions: list[str], references: list[str]) -> RougeResult:
         for key, score in scorer.score(ref, pred).items():
             totals[key] += score.fmeasure
     n = len(predictions)
-    return RougeResult(totals["rouge1"] / n, totals["rouge2"] / n, totals["rougeL"] / n, n, len(set(predictions)) / n)
+    degenerate = sum(is_degenerate(p, r) for p, r in zip(predictions, references, strict=True)) / n
+    return RougeResult(totals["rouge1"] / n, totals["rouge2"] / n, totals["rougeL"] / n, n, len(set(predictions)) / n,
+                       degenerate)

@@ -8,8 +8,10 @@ import pytest
 from rouge_score import rouge_scorer
 
 from tests.model.conftest import ROOT
-from yue2_jobs.model.data import _split_docstring, build_all, read_split
+from yue2_jobs.model.data import MAX_HELD_OUT_ROWS, build_all, read_split
 from yue2_jobs.model.evaluate import CjkAwareTokenizer, rouge
+from yue2_jobs.model.sources import parse_translation
+from yue2_jobs.model.sources import split_docstring as _split_docstring
 
 
 def test_split_docstring_keeps_description_and_drops_sections():
@@ -31,19 +33,43 @@ def test_split_docstring_rejects_unusable(doc):
     assert _split_docstring(doc) is None
 
 
-def test_committed_corpora_are_reproducible(tmp_path):
-    sums = build_all(tmp_path)
+def test_committed_legal_corpus_is_reproducible(tmp_path):
+    """`make data` checks every file (general needs Debian's index, fetched once); this rebuilds legal."""
+    sums = build_all(tmp_path, cache=tmp_path / "cache", corpora=("legal",))
     committed = dict(line.split()[::-1] for line in (ROOT / "data" / "SHA256SUMS").read_text().splitlines())
-    assert sums == committed
+    assert sums == {k: v for k, v in committed.items() if k.startswith("legal/")}
     for rel, digest in committed.items():
         assert hashlib.sha256((ROOT / "data" / rel).read_bytes()).hexdigest() == digest
 
 
-def test_eval_and_train_do_not_overlap():
+def test_debian_descriptions_parse_into_synopsis_and_paragraphs():
+    text = ("Package: foo\nDescription-md5: 0\nDescription-en: frobnicate widgets - tools\n"
+            " Foo frobnicates widgets\n quickly.\n .\n This package contains the tools.\n\n"
+            "Package: bare\nDescription-en: no long description\n")
+    assert list(parse_translation(text)) == [
+        ("foo", "frobnicate widgets - tools", "Foo frobnicates widgets quickly.\nThis package contains the tools."),
+        ("bare", "no long description", "")]
+
+
+def test_general_corpus_is_large_mixed_and_held_out_cleanly():
+    train = read_split(ROOT / "data", "general", "train")
+    assert len(train) >= 50_000
+    sources = {r["source"].split("/")[0] == "debian" for r in train}
+    assert sources == {True, False}  # Debian descriptions and docstrings
+    seen = {(r["text"], r["summary"]) for r in train}
+    texts = {r["text"] for r in train}
+    for split in ("eval", "test"):
+        held_out = read_split(ROOT / "data", "general", split)
+        assert 0 < len(held_out) <= MAX_HELD_OUT_ROWS
+        assert not any((r["text"], r["summary"]) in seen or r["text"] in texts for r in held_out)
+
+
+def test_held_out_splits_do_not_overlap_train():
     for corpus in ("general", "legal"):
         train = {(r["text"], r["summary"]) for r in read_split(ROOT / "data", corpus, "train")}
-        held_out = read_split(ROOT / "data", corpus, "eval")
-        assert held_out and not any((r["text"], r["summary"]) in train for r in held_out)
+        for split in ("eval", "test"):
+            held_out = read_split(ROOT / "data", corpus, split)
+            assert held_out and not any((r["text"], r["summary"]) in train for r in held_out)
 
 
 def test_rouge_scores_chinese_where_the_default_tokenizer_cannot():

@@ -27,7 +27,7 @@ from yue2_jobs.jobs.service import get_job_row
 log = logging.getLogger(__name__)
 COLUMNS = ("id, kind, status, custom_id, batch_id, variant, checkpoint, weights_sha256, params, attempts, error, "
            "worker, created_at, started_at, finished_at, input_tokens, output_tokens, decoder_steps, nar_tokens, "
-           "decoded_mode, output_key, output_text")
+           "decoded_mode, input_tokens_used, input_truncated, chunks, output_key, output_text")
 QUERY = f"SELECT {COLUMNS} FROM jobs WHERE id = %s AND tenant = %s"
 
 

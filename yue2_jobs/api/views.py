@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Batch, Experiment, File, Job, JobStatus
+from yue2_jobs.jobs.batches import usage_view
 from yue2_jobs.jobs.service import file_key, request_counts
 from yue2_jobs.storage import Storage
 
@@ -24,8 +25,9 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
         "weights_sha256": job.weights_sha256, "params": job.params,
         "attempts": job.attempts, "error": job.error, "worker": job.worker,
         "created_at": ts(job.created_at), "started_at": ts(job.started_at), "finished_at": ts(job.finished_at),
-        "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
+        "input_truncated": bool(job.input_truncated), "usage": usage_view(job),
         "decoding": {"mode": job.decoded_mode, "decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
+                     "chunks": job.chunks,
                      "tau": round(job.output_tokens / job.decoder_steps, 3)
                      if job.output_tokens and job.decoder_steps else None},
         "output": None, "output_url": None,

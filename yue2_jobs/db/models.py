@@ -131,6 +131,9 @@ class Job(Base):
     decoder_steps: Mapped[int | None] = mapped_column(Integer)
     nar_tokens: Mapped[int | None] = mapped_column(Integer)
     decoded_mode: Mapped[str | None] = mapped_column(String(16))  # what `params.mode` ran as (auto -> ar|hybrid)
+    input_tokens_used: Mapped[int | None] = mapped_column(Integer)  # of input_tokens, what the encoder read
+    input_truncated: Mapped[bool | None]  # long_input=truncate cut the input at the checkpoint's limit
+    chunks: Mapped[int | None] = mapped_column(Integer)  # long_input=chunk: windows summarised (1: it fitted)
     experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
     reference: Mapped[str | None] = mapped_column(Text)  # a batch line's reference summary, for ROUGE in reports
 

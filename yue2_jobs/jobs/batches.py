@@ -23,8 +23,14 @@ def job_output_body(job: Job, output_text: str) -> dict[str, Any]:
     """The JSON a succeeded job produced: stored at its output key and inlined in API answers."""
     return {"id": job.id, "object": f"yue2.{job.kind}", "custom_id": job.custom_id, "variant": job.variant,
             "checkpoint": job.checkpoint, "mode": job.decoded_mode or job.params.get("mode"), "output": output_text,
-            "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens},
-            "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens}}
+            "input_truncated": bool(job.input_truncated), "usage": usage_view(job),
+            "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens, "chunks": job.chunks}}
+
+
+def usage_view(job: Job) -> dict[str, int | None]:
+    """Token counts: the input's, how much of it the encoder read (less when truncated), the output's."""
+    return {"input_tokens": job.input_tokens, "input_tokens_used": job.input_tokens_used,
+            "output_tokens": job.output_tokens}
 
 
 def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:

@@ -16,6 +16,7 @@ from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 
 M = TypeVar("M", bound=BaseModel)
 KINDS = ("summarize", "generate", "render_font")
+MAX_NO_REPEAT_NGRAM = 16
 ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/render_font": "render_font"}
 TEXT_FIELD = {"summarize": "input", "generate": "prompt", "render_font": "text"}
 
@@ -33,6 +34,12 @@ class DecodingParams(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     seed: int | None = None
     nar_threshold: float | None = Field(None, ge=0, le=1)
+    # Hugging Face generate's repetition controls (None: the checkpoint's generation config).
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    no_repeat_ngram_size: int | None = Field(None, ge=1, le=MAX_NO_REPEAT_NGRAM)
+    # An input longer than the checkpoint reads: cut it (recorded on the job), fail the job, or
+    # summarise it window by window and then the partial summaries (map-reduce).
+    long_input: Literal["truncate", "reject", "chunk"] | None = None
 
 
 class JobBody(DecodingParams):
@@ -100,7 +107,7 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
         raise InvalidRequestError(f"{field_prefix}mode {mode!r} decodes greedily; do_sample needs ar or hybrid",
                                   field=f"{field_prefix}do_sample")
     params = parsed.model_dump(include=set(DecodingParams.model_fields), exclude_none=True)
-    params.update(mode=mode, max_new_tokens=max_new)
+    params.update(mode=mode, max_new_tokens=max_new, long_input=parsed.long_input or "truncate")
     assert mode in MODES
     return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params)
 

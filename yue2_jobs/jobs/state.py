@@ -75,7 +75,8 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
 
 
 FINISH_COLUMNS = ("status", "checkpoint", "weights_sha256", "output_key", "output_text", "error", "input_tokens",
-                  "output_tokens", "decoder_steps", "nar_tokens", "decoded_mode")
+                  "output_tokens", "decoder_steps", "nar_tokens", "decoded_mode", "input_tokens_used",
+                  "input_truncated", "chunks")
 
 
 def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:

@@ -13,7 +13,8 @@ row is done (Orca-style iteration-level scheduling).
    rows verify NAR drafts, `ar` rows feed one token, in one step;
 3. returns the requests that finished.
 
-Greedy decoding only (sampled jobs and the other modes keep the static path). Out of memory
+Greedy decoding only, with the checkpoint's repetition controls (sampled jobs, jobs that set their
+own controls and the other modes keep the static path). Out of memory
 on a step preempts the newest half of the rows back to the queue and retries with a lower row
 cap, so no job fails for its neighbours; a lone row that still does not fit fails alone. Any
 other exception in a step hands the live rows back marked `isolate`, for the caller to rerun
@@ -38,6 +39,7 @@ from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape
 from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB
 from yue2_jobs.model.graphs import run_step
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
+from yue2_jobs.model.sampling import SamplingParams, repetition_defaults
 from yue2_jobs.model.stats import SequenceStats
 
 ENGINE_MODES = ("ar", "hybrid", AUTO)
@@ -105,6 +107,9 @@ class ContinuousBatcher:
         self.limit = cfg.max_position_embeddings - 1  # most new tokens a row may ask for
         self.max_tokens = max_tokens if max_tokens is not None else max_rows * (cfg.max_position_embeddings * 2)
         self.k = cfg.nar_block_size
+        # Every row decodes greedily with the checkpoint's repetition controls; a job that sets its
+        # own goes through `generate` (the runner's `continuous_ok`).
+        self.params = SamplingParams(**repetition_defaults(model.generation_config))
         self.t_buf = 1 + self.limit + 2 * self.k + 2
         self.t_cache = 1 + self.limit + self.k + 1
         self.device = model.shared.weight.device
@@ -336,7 +341,7 @@ class ContinuousBatcher:
         timed = len(modes) == 1  # only steps of one mode tell `auto` what that mode costs
         before = self.st.nar.sum() + self.st.ar.sum() if timed else None
         start = time.perf_counter()
-        shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none",
+        shape = StepShape.of(k=self.k, drafts="nar" if drafting else "none", params=self.params,
                              ban_eos=any(r is not None and r.min_new_tokens > 0 for r in self.rows))
         run_step(self.model, self.st, self._encoder_state(), self.caches, layout=self.model.step_layout(),
                  shape=shape, span=min(self.t_cache, self.reach + shape.width))

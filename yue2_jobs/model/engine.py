@@ -10,7 +10,8 @@ decision is a tensor op on the device and every state write is an in-place copy,
 never synchronises with the host and can be replayed from a CUDA graph (`graphs.py`).
 
 `ar` is the same step with no drafts (width 1, nothing to verify, no NAR pass). Greedy output is
-`ar` greedy in every lossless mode; with sampling, speculative sampling's acceptance rule keeps
+`ar` greedy in every lossless mode (the repetition controls apply to every verified slot with
+that slot's own context, so they keep it so); with sampling, speculative sampling's acceptance rule keeps
 the distribution `ar`'s. `hybrid_fast` commits drafts whose confidence reaches the row's
 `trust_p` without verifying them (lossy).
 
@@ -29,7 +30,14 @@ from transformers import GenerationConfig
 
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache, Yue2StepLayout
 from yue2_jobs.model.rows import Rows
-from yue2_jobs.model.sampling import SamplingParams, first_true, forced_tokens, leading_run, processed_probs
+from yue2_jobs.model.sampling import (
+    SamplingParams,
+    first_true,
+    forced_tokens,
+    leading_run,
+    processed_probs,
+    repetition_controls,
+)
 
 DraftSource = Literal["none", "nar", "host"]
 NEVER_TRUST = 2.0  # a `trust_p` above any confidence: every draft is verified
@@ -75,6 +83,8 @@ def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encode
     target = rows.committed[:, None] + slot  # (A, W): the position each prediction fills
     if shape.ban_eos:
         logits[:, :, eos] = logits[:, :, eos].masked_fill(target < rows.min_total[:, None], float("-inf"))
+    if shape.params.controls_repetition:
+        logits = repetition_controls(logits, _context(rows, w), target, shape.params)
     room = rows.total - rows.committed
     if shape.params.do_sample:
         n_acc, new = _accept_sampled(model, rows, logits, target, shape, generator, draft_q)
@@ -102,6 +112,16 @@ def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encode
                                                     draft_q=draft_q)
     _commit(rows, stepped=stepped, n_in=n_in, count=count, from_nar=from_nar, n_trust=n_trust, committed=committed,
             finished=finished, drafted=drafted)
+
+
+def _context(rows: Rows, w: int) -> torch.Tensor:
+    """(A, T_buf): each row's committed tokens followed by its drafts, so slot s's context (the
+    tokens before the position it predicts) is a prefix: committed + s tokens long."""
+    if w == 1:
+        return rows.buf
+    k = rows.drafts.shape[1]
+    at = (rows.committed[:, None] + _arange(k, rows.buf.device)).clamp(max=rows.buf.shape[1] - 1)  # (A, K)
+    return rows.buf.scatter(1, at, rows.drafts)
 
 
 @functools.cache

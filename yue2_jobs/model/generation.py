@@ -26,6 +26,7 @@ from yue2_jobs.model.sampling import (  # noqa: F401 - re-exported: the sampling
     forced_tokens,
     leading_run,
     processed_probs,
+    repetition_defaults,
     select_next_token,
 )
 from yue2_jobs.model.stats import SequenceStats, StatsRecorder
@@ -66,6 +67,8 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
     seed: int | None = None,
     nar_threshold: float | None = None,
     min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB,
@@ -85,7 +88,9 @@ def generate(
     size: `auto_mode.py`), `ar`, `hybrid` (the default: greedy output identical to `ar`; sampled output
     distributed as `ar`'s), `hybrid_fast` (drafts with confidence >= `nar_threshold`, default the config's,
     are kept unverified), `nar` (`nar_iterations` parallel refinement passes) or
-    `prompt_lookup` (drafts copied from the input, verified; lossless like `hybrid`). Every mode
+    `prompt_lookup` (drafts copied from the input, verified; lossless like `hybrid`).
+    `repetition_penalty` and `no_repeat_ngram_size` (`SamplingParams`; None: the model's
+    generation config, as in Hugging Face's `generate`) apply in every mode. Every mode
     but `nar` runs the engine step (`engine.py`); `sync_every` steps pass between host reads
     (default: the device's, `decode_loop.SYNC_EVERY`).
     """
@@ -93,7 +98,9 @@ def generate(
                                          max_new_tokens=max_new_tokens, nar_threshold=nar_threshold,
                                          min_accept_prob=min_accept_prob, nar_iterations=nar_iterations,
                                          sync_every=sync_every)
-    params = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+    params = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                            **repetition_defaults(model.generation_config, repetition_penalty=repetition_penalty,
+                                                  no_repeat_ngram_size=no_repeat_ngram_size))
     generator = None
     if do_sample:
         generator = torch.Generator(device=input_ids.device)

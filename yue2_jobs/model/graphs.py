@@ -28,6 +28,7 @@ from yue2_jobs.model.modeling_yue2 import (
     Yue2KVCache,
     Yue2StepLayout,
 )
+from yue2_jobs.model.sampling import SamplingParams, repetition_defaults
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -182,7 +183,10 @@ def capture_for_serving(model: Yue2ForConditionalGeneration, *, max_rows: int, u
     k = model.config.nar_block_size
     buckets = (*(b for b in DEFAULT_BUCKETS if b < max_rows), max_rows)
     store: dict[StepShape, StepGraphs] = {}
-    for shape in (StepShape.of(k=k, drafts=d, ban_eos=b) for b in min_lengths for d in ("none", "nar")):
+    # Greedy with the checkpoint's repetition controls: what the continuous engine runs.
+    params = SamplingParams(**repetition_defaults(model.generation_config))
+    for shape in (StepShape.of(k=k, drafts=d, params=params, ban_eos=b) for b in min_lengths
+                  for d in ("none", "nar")):
         store[shape] = StepGraphs.capture(model, shape=shape, buckets=buckets, use_graphs=use_graphs)
     model._yue2_step_graphs = store
     return list(store.values())

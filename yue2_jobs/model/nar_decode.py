@@ -17,7 +17,8 @@ The output length is predicted with the tokens: each row ends at the first EOS o
 (and the canvas shrinks to the longest row after every iteration). Iteration 1 starts from a
 canvas of mask tokens. The self-consistent prefix grows by at least one token per iteration
 (by the accepted draft length, typically), so `iterations` >= the output length reproduces
-`ar` greedy; fewer iterations are the lossy, faster setting. Sampling is not used: `nar`
+`ar` greedy; fewer iterations are the lossy, faster setting. The repetition controls apply to the
+AR head at every position, with the canvas before it as the context. Sampling is not used: `nar`
 decodes greedily.
 """
 
@@ -27,6 +28,7 @@ import torch
 
 from yue2_jobs.model.generation import SamplingParams, first_true, forced_tokens, leading_run, prefill
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
+from yue2_jobs.model.sampling import repetition_controls
 from yue2_jobs.model.stats import StatsRecorder
 
 
@@ -49,7 +51,10 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
     for _ in range(iterations):
         x = canvas[:, :width]
         hidden = model.decode(x, enc)  # (B, W, C): causal, every position at once
-        logp = model.lm_logits(hidden).float().log_softmax(-1)  # (B, W, V)
+        logits = model.lm_logits(hidden)  # (B, W, V)
+        if params.controls_repetition:  # position t's context is the canvas up to t, as in `ar`
+            logits = repetition_controls(logits, x, positions[1 : width + 1].expand(b, -1), params)
+        logp = logits.float().log_softmax(-1)  # (B, W, V)
         ar_score, ar_pred = logp.max(-1)  # (B, W): candidates for positions 1 .. W
         ar_pred = _force(ar_pred, torch.arange(1, width + 1, device=dev), total, gen)
         d_logits, conf = model.draft(hidden, ar_pred, enc)  # (B, W, K, V), (B, W, K)

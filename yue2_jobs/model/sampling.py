@@ -1,5 +1,6 @@
 """How the next token is chosen, shared by every decoding mode: sampling parameters, the
-sampling distribution, forced tokens and two small mask reductions the decoders use."""
+repetition controls, the sampling distribution, forced tokens and two small mask reductions the
+decoders use."""
 
 from __future__ import annotations
 
@@ -11,14 +12,29 @@ from transformers import GenerationConfig
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the next token is chosen. `do_sample=False` is greedy and ignores the rest."""
+    """How the next token is chosen. `do_sample=False` is greedy and ignores temperature, top_k
+    and top_p. The repetition controls apply to greedy and sampled decoding alike, as Hugging
+    Face's `generate` defines them: `repetition_penalty` divides the (positive) logit of every
+    token already in the decoder sequence by the penalty, and multiplies a negative one by it (1
+    is off); `no_repeat_ngram_size` n > 0 bans any token that would complete an n-gram the
+    sequence already holds. The decoder sequence starts with the decoder start token."""
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+
+    @property
+    def controls_repetition(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
 
     def __post_init__(self) -> None:
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(f"no_repeat_ngram_size must be >= 0, got {self.no_repeat_ngram_size}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.top_k < 0:
@@ -33,6 +49,48 @@ def select_next_token(logits: torch.Tensor, params: SamplingParams,
     if not params.do_sample:
         return logits.argmax(-1)
     return torch.multinomial(processed_probs(logits, params), 1, generator=generator).squeeze(-1)
+
+
+def repetition_defaults(gen: GenerationConfig, *, repetition_penalty: float | None = None,
+                        no_repeat_ngram_size: int | None = None) -> dict[str, float | int]:
+    """The repetition controls to use: the values given, else the generation config's (as HF's
+    `generate` takes its defaults from the model's generation config)."""
+    if repetition_penalty is None:
+        repetition_penalty = gen.repetition_penalty if gen.repetition_penalty is not None else 1.0
+    if no_repeat_ngram_size is None:
+        no_repeat_ngram_size = gen.no_repeat_ngram_size or 0
+    return {"repetition_penalty": float(repetition_penalty), "no_repeat_ngram_size": int(no_repeat_ngram_size)}
+
+
+def repetition_controls(logits: torch.Tensor, seq: torch.Tensor, length: torch.Tensor,
+                        params: SamplingParams) -> torch.Tensor:
+    """`params`' repetition controls applied to logits (A, W, V), where slot (a, w) predicts the
+    token that follows seq[a, :length[a, w]]: seq (A, T) holds every slot's context as a prefix
+    (the committed tokens, then the drafts being verified). Static shapes, no host sync."""
+    a, w, v = logits.shape
+    t = seq.shape[1]
+    pos = torch.arange(t, device=seq.device)
+    in_context = pos < length[:, :, None]  # (A, W, T)
+    if params.repetition_penalty != 1.0:
+        idx = torch.where(in_context, seq[:, None, :], v)  # (A, W, T): column V collects the rest
+        seen = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
+        penalised = torch.where(logits < 0, logits * params.repetition_penalty, logits / params.repetition_penalty)
+        logits = torch.where(seen, penalised, logits)
+    n = params.no_repeat_ngram_size
+    if n > 0 and t >= n:
+        # n-gram i is seq[i : i + n]; it bans seq[i + n - 1] where seq[i : i + n - 1] equals the
+        # context's last n - 1 tokens and the whole n-gram lies inside the context.
+        starts = pos[: t - n + 1]  # (G,)
+        ok = (starts + n <= length[:, :, None])  # (A, W, G)
+        if n > 1:
+            grams = seq.unfold(1, n - 1, 1)[:, : t - n + 1]  # (A, G, n - 1)
+            tail_at = (length - n + 1).clamp(min=0)  # (A, W): where the context's last n - 1 tokens start
+            tail = seq.unfold(1, n - 1, 1).gather(1, tail_at[:, :, None].expand(-1, -1, n - 1))  # (A, W, n - 1)
+            ok &= (grams[:, None] == tail[:, :, None]).all(-1)
+        idx = torch.where(ok, seq[:, None, n - 1 :], v)  # (A, W, G)
+        banned = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
+        logits = logits.masked_fill(banned, float("-inf"))
+    return logits
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

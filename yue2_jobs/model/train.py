@@ -63,6 +63,8 @@ class TrainArgs:
     warmup: int = 100
     max_source_tokens: int = 128
     max_target_tokens: int = 48
+    label_smoothing: float = 0.0  # AR stage only; spreads mass off the argmax, which curbs loops
+    distill_rows: int = 0  # training inputs the AR branch decodes as NAR targets; 0 = all
     seed: int = 0
     device: str = "auto"
     save_every: int = 250
@@ -188,6 +190,13 @@ def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple
     return [(src, results[i]) for i, (src, _) in enumerate(pairs)]
 
 
+def _distill_subset(pairs: list[tuple[list[int], list[int]]], args: TrainArgs) -> list[tuple[list[int], list[int]]]:
+    """A seeded sample of `distill_rows` training pairs (all of them when 0 or more than there are)."""
+    if not args.distill_rows or args.distill_rows >= len(pairs):
+        return pairs
+    return random.Random(args.seed).sample(pairs, args.distill_rows)
+
+
 def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """For every valid draft slot: draft logits, confidence logits, AR-argmax target, AR log-probs.
 
@@ -218,9 +227,12 @@ def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tenso
     return draft_logits, model.confidence_head(slots, draft_logits), target_logp.argmax(-1), target_logp
 
 
-def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor], *,
+                label_smoothing: float = 0.0) -> torch.Tensor:
     if stage in ("denoise", "ar"):
-        return model(**batch).loss
+        logits = model(**batch).logits  # (B, T, V)
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
+                               label_smoothing=label_smoothing if stage == "ar" else 0.0)
     draft_logits, conf_logits, target, target_logp = _nar_batch(model, batch)
     if stage == "nar":
         logp = draft_logits.float().log_softmax(-1)  # (N, V)
@@ -320,6 +332,7 @@ def train(args: TrainArgs) -> Path | None:
     steps = {"denoise": args.denoise_steps, "ar": args.ar_steps, "nar": args.nar_steps,
              "confidence": args.confidence_steps}
     budget = args.stop_after or -1
+    distilled: list[tuple[list[int], list[int]]] = []
     for stage in STAGES[STAGES.index(done["stage"]):]:
         start = done["step"] if stage == done["stage"] else 0
         if start >= steps[stage]:
@@ -329,8 +342,12 @@ def train(args: TrainArgs) -> Path | None:
         if start and (state_dir / "optimizer.pt").is_file():
             opt.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
         share = {"denoise": 1.0, "ar": args.denoise_mix}.get(stage, 0.0)
-        data = pairs if stage in ("denoise", "ar") else _self_distill_targets(model, pairs, args, device,
-                                                                               f"{stage}: AR targets")
+        if stage in ("denoise", "ar"):
+            data = pairs
+        else:  # the AR branch is frozen from here on: its greedy outputs serve both later stages
+            distilled = distilled or _self_distill_targets(model, _distill_subset(pairs, args), args, device,
+                                                           f"{stage}: AR targets")
+            data = distilled
         denoising = _denoising_pairs(pairs, args, model.config) if share else data
         lengths = [len(src) for src, _ in data]
         bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage],
@@ -348,7 +365,7 @@ def train(args: TrainArgs) -> Path | None:
                              model.config.pad_token_id, device)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, steps[stage], args)
-            loss = _stage_loss(model, stage, batch)
+            loss = _stage_loss(model, stage, batch, label_smoothing=args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -394,8 +411,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
     for name in ("preset", "vocab_size", "denoise_steps", "denoise_mix", "ar_steps", "nar_steps", "confidence_steps",
-                 "batch_size", "lr", "warmup", "max_source_tokens", "max_target_tokens", "seed", "device", "save_every",
-                 "threads", "stop_after"):
+                 "batch_size", "lr", "warmup", "max_source_tokens", "max_target_tokens", "label_smoothing",
+                 "distill_rows", "seed", "device", "save_every", "threads", "stop_after"):
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
 
