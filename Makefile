@@ -74,10 +74,11 @@ data: $(STAMP)
 # branch's own outputs. Budget: 60 minutes on 2 CPU cores; the same command uses a GPU when there is one.
 checkpoints: $(STAMP)
 	$(PY) -m yue2_jobs train --corpus general --out checkpoints/base --ar-steps 4500 --denoise-mix 0.3 --lr 1e-3 \
-		--label-smoothing 0.1 --max-source-tokens 192 --nar-steps 2000 --confidence-steps 300 --distill-rows 16000
+		--label-smoothing 0.1 --max-source-tokens 192 --nar-steps 2000 --confidence-steps 300 --distill-rows 16000 \
+		--no-repeat-ngram-size 3 --repetition-penalty 1.3
 	$(PY) -m yue2_jobs train --corpus legal --init checkpoints/base --out checkpoints/legal --ar-steps 800 \
 		--denoise-mix 0.3 --lr 1e-3 --warmup 50 --label-smoothing 0.1 --max-source-tokens 192 --nar-steps 1000 \
-		--confidence-steps 300
+		--confidence-steps 300 --no-repeat-ngram-size 0 --repetition-penalty 1.0
 
 # Rebuild the committed subset fonts (yue2_jobs/fonts/data/) from Debian's font packages; only for
 # maintainers (rendering and the tests use the committed files).

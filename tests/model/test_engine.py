@@ -3,7 +3,9 @@
 `golden/decode_v1.json.gz` holds the outputs and step counts of the per-mode loops the engine
 replaced (`_generate_ar` and `speculative_generate` at commit d66e891), recorded on 208 eval
 texts with the shipped base checkpoint (batch sizes 1, 3 and 16; 48 new tokens, and 1) and on 200
-random inputs with a random model whose rows end at different steps (20 new tokens).
+random inputs with a random model whose rows end at different steps (20 new tokens). The base
+entries were re-recorded with those loops for issue 16's checkpoint (`golden/record.py`); the
+old loops had no repetition controls, so they are off here.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ MODES = {"ar": {"mode": "ar"}, "hybrid": {"mode": "hybrid"},
 def _run(model, ids, mask, batch_size: int, max_new: int, **kw) -> list:
     rows = []
     for b_ids, b_mask in _batches(ids, mask, batch_size):
+        # The old loops had no repetition controls; the shipped base turns them on by default.
         out = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new,
-                       return_dict_in_generate=True, **kw)
+                       return_dict_in_generate=True, repetition_penalty=1.0, no_repeat_ngram_size=0, **kw)
         for seq, st in zip(out.sequences.tolist(), out.stats, strict=True):
             rows.append([seq[1 : 1 + st.tokens], st.decoder_steps])
             assert all(t == model.config.pad_token_id for t in seq[1 + st.tokens :])  # nothing past EOS

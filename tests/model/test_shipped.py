@@ -11,7 +11,7 @@ from yue2_jobs.cli import main as cli_main
 from yue2_jobs.model import Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
 from yue2_jobs.model.data import read_split
-from yue2_jobs.model.evaluate import evaluate_checkpoint
+from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
 from yue2_jobs.model.train import TrainArgs, _encode, input_dependence
 
 CHECKPOINTS = ("base", "legal")
@@ -39,6 +39,14 @@ def test_each_variant_wins_on_its_own_domain(scores):
     assert scores["base", "general"].rougeL > scores["legal", "general"].rougeL
 
 
+def test_base_beats_copying_the_first_sentence_and_does_not_loop(scores):
+    """Issue 16's bar, on the first EVAL_ROWS rows (`make eval` has the full sets)."""
+    lead = lead_baseline(data_dir=ROOT / "data", corpus="general", limit=EVAL_ROWS)
+    assert scores["base", "general"].rougeL >= lead.rougeL + 0.03
+    assert scores["base", "general"].degenerate <= 0.03
+    assert scores["legal", "legal"].rougeL >= 0.45
+
+
 @pytest.mark.parametrize(("name", "corpus", "min_distinct"), [("base", "general", 0.8), ("legal", "legal", 0.15)])
 def test_each_variant_reads_its_input(scores, name, corpus, min_distinct):
     """Guards against the collapse earlier checkpoints had: one memorised answer for every input."""
@@ -53,7 +61,8 @@ def test_each_variant_reads_its_input(scores, name, corpus, min_distinct):
 def test_eval_command_prints_the_table(capsys):
     assert cli_main(["eval", str(ROOT / "checkpoints" / "base"), "--set", "legal", "--limit", "4"]) == 0
     out = capsys.readouterr().out
-    assert "ROUGE-1" in out and "ROUGE-L" in out and "legal" in out
+    assert "ROUGE-1" in out and "ROUGE-L" in out and "legal" in out and "degenerate" in out
+    assert "lead-1" in out
 
 
 def test_missing_checkpoint_is_a_clear_command_error(tmp_path, capsys):

@@ -65,6 +65,10 @@ class TrainArgs:
     max_target_tokens: int = 48
     label_smoothing: float = 0.0  # AR stage only; spreads mass off the argmax, which curbs loops
     distill_rows: int = 0  # training inputs the AR branch decodes as NAR targets; 0 = all
+    # The checkpoint's default repetition controls (generation_config.json); None keeps the
+    # initial checkpoint's (off for a fresh model). The NAR targets are decoded with them.
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
     seed: int = 0
     device: str = "auto"
     save_every: int = 250
@@ -317,6 +321,10 @@ def train(args: TrainArgs) -> Path | None:
     eval_rows = read_split(args.data, args.corpus, "eval")
     model, tokenizer = _load_or_init(args, [r["text"] + "\n" + r["summary"] for r in train_rows], state_dir)
     model.to(device)
+    if args.repetition_penalty is not None:
+        model.generation_config.repetition_penalty = args.repetition_penalty
+    if args.no_repeat_ngram_size is not None:
+        model.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
     done = {"stage": STAGES[0], "step": 0}
     meta_path = state_dir / "meta.json"
     if meta_path.is_file():
@@ -415,6 +423,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                  "distill_rows", "seed", "device", "save_every", "threads", "stop_after"):
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    parser.add_argument("--repetition-penalty", type=float, default=None,
+                        help="default repetition_penalty written to the checkpoint's generation config")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                        help="default no_repeat_ngram_size written to the checkpoint's generation config")
 
 
 def main(argv: list[str] | None = None) -> None:
