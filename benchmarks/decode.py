@@ -102,12 +102,15 @@ def _ctranslate2(hf, tokenizer, workdir: Path, *, device: torch.device, max_new_
         translator = _fastest_cpu_translator(ctranslate2, str(workdir / "ct2"), tokenizer)
     start, pad = hf.config.decoder_start_token_id, hf.config.pad_token_id
     forced_eos = getattr(hf.generation_config, "forced_eos_token_id", None)
+    gen = hf.generation_config  # the checkpoint's repetition controls, which CTranslate2 implements too
+    controls = {"repetition_penalty": gen.repetition_penalty or 1.0,
+                "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
 
     def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
         source = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
                   for ids, mask in zip(b["input_ids"].cpu(), b["attention_mask"].cpu(), strict=True)]
         results = translator.translate_batch(source, beam_size=1, max_decoding_length=max_new_tokens,
-                                             return_end_token=True)
+                                             return_end_token=True, **controls)
         rows = []
         for r in results:
             ids = tokenizer.convert_tokens_to_ids(r.hypotheses[0])

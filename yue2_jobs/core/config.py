@@ -45,7 +45,8 @@ class Settings(BaseSettings):
                               "of ar and hybrid, which give the same tokens, as measured by the worker).")
     default_max_new_tokens: int = Field(48, ge=1, description="Summary length cap when a job names none.")
     max_new_tokens_limit: int = Field(256, ge=1, description="Largest `max_new_tokens` a job may ask for.")
-    max_input_chars: int = Field(20_000, ge=1, description="Largest `input`/`prompt` of one job, in characters.")
+    # Large enough for a long document that `long_input=chunk` summarises window by window.
+    max_input_chars: int = Field(100_000, ge=1, description="Largest `input`/`prompt` of one job, in characters.")
     max_batch_items: int = Field(50_000, ge=1, description="Most lines one batch input file may hold.")
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload to POST /v1/files.")
     max_request_bytes: int = Field(1024 * 1024, ge=1, description="Largest JSON request body.")

@@ -28,7 +28,8 @@ SHARED_FIELDS = (
     "init_std", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
 )
 # Decoding defaults that both models keep in their generation_config.
-GENERATION_FIELDS = ("decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id")
+GENERATION_FIELDS = ("decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id", "repetition_penalty",
+                     "no_repeat_ngram_size")
 # (YuE2 name pattern, BART name pattern) for parameters that map one to one.
 _RENAMES = [
     (r"shared\.weight", r"model.shared.weight"),
