@@ -174,7 +174,8 @@ def main(*, items: int = 200, keep: bool = False) -> None:
         print(f"{counts['completed']:>6} {counts['failed']:>6} {wall:>7.1f} {counts['completed'] / wall:>7.1f} "
               f"{tokens:>7} {tokens / wall:>9.0f} {tokens / steps:>5.2f} {100 * nar / tokens:>8.1f}% "
               f"{median(lat):>17.1f}")
-        print(f"(tau: tokens per decoder step in hybrid mode; NAR share: tokens the NAR branch drafted and the "
+        print(f"(tau: tokens per decoder step, over the jobs auto ran as ar or hybrid; NAR share: tokens the NAR "
+              f"branch drafted and the "
               f"AR branch verified. Total demo time {time.perf_counter() - t_start:.1f}s.)")
         if counts["failed"] or state["status"] != "completed":
             raise SystemExit(f"demo: batch ended {state['status']} with {counts['failed']} failed requests")
