@@ -91,13 +91,11 @@ class ModelRunner:
         return (self.engine is not None and p.get("mode") in ENGINE_MODES and not p.get("do_sample")
                 and not any(name in p for name in REPETITION_CONTROLS) and p.get("long_input") != "chunk")
 
-    def _input_tokens(self, job: JobInput) -> int:
-        """The job's whole input in tokens; raises InputTooLongError for long_input=reject."""
-        n = count_tokens(self.tokenizer, job.text)
+    def _check_length(self, job: JobInput, n: int) -> None:
+        """Raises InputTooLongError when the job's `n` input tokens are too many and it says long_input=reject."""
         if n > self.max_input_tokens and job.params.get("long_input") == "reject":
             raise InputTooLongError(field=TEXT_FIELD.get(job.kind, "input"), tokens=n, limit=self.max_input_tokens,
                                     checkpoint=self.checkpoint)
-        return n
 
     def tokenize(self, job: JobInput) -> list[int]:
         return self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
@@ -108,8 +106,12 @@ class ModelRunner:
         failed: dict[str, Exception] = {}
         for job in jobs:
             try:
-                self._full_tokens[job.id] = self._input_tokens(job)
-                requests.append(DecodeRequest(id=job, input_ids=self.tokenize(job), mode=job.params["mode"],
+                ids = self.tokenizer(job.text, verbose=False)["input_ids"]  # whole: its length is recorded
+                self._check_length(job, len(ids))
+                self._full_tokens[job.id] = len(ids)
+                if len(ids) > self.max_input_tokens:  # cut as the tokenizer cuts: <s> … </s> kept
+                    ids = self.tokenize(job)
+                requests.append(DecodeRequest(id=job, input_ids=ids, mode=job.params["mode"],
                                               max_new_tokens=job.params["max_new_tokens"]))
             except InputTooLongError as exc:
                 failed[job.id] = exc
@@ -135,14 +137,16 @@ class ModelRunner:
         groups: dict[str, list[JobInput]] = defaultdict(list)
         for job in jobs:
             self._full_tokens.pop(job.id, None)  # a rerun after a failed engine step counts afresh
-            try:
-                n = self._input_tokens(job)
-            except InputTooLongError as exc:
-                results[job.id] = exc
-                continue
-            if n > self.max_input_tokens and job.params.get("long_input") == "chunk":
-                self._run_isolating([job], results, chunked=True)
-                continue
+            if job.params.get("long_input") in ("reject", "chunk"):  # `generate` counts the rest's tokens
+                n = count_tokens(self.tokenizer, job.text)
+                try:
+                    self._check_length(job, n)
+                except InputTooLongError as exc:
+                    results[job.id] = exc
+                    continue
+                if n > self.max_input_tokens and job.params["long_input"] == "chunk":
+                    self._run_isolating([job], results, chunked=True)
+                    continue
             groups[repr(sorted(job.params.items()))].append(job)
         for group in groups.values():
             group.sort(key=lambda j: len(j.text))
@@ -169,7 +173,7 @@ class ModelRunner:
         """One `generate` call for jobs that share their decoding parameters."""
         params = dict(jobs[0].params)
         params.pop("long_input", None)
-        full = [count_tokens(self.tokenizer, j.text) for j in jobs]
+        full = [len(ids) for ids in self.tokenizer([j.text for j in jobs], verbose=False)["input_ids"]]
         enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
                              padding=True, return_tensors="pt")
         res = self.model.generate(

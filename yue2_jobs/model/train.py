@@ -28,6 +28,7 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -309,6 +310,28 @@ def _load_or_init(args: TrainArgs, texts: list[str],
     return Yue2ForConditionalGeneration(cfg), tokenizer
 
 
+def _set_generation_defaults(model: Yue2ForConditionalGeneration, args: TrainArgs) -> None:
+    if args.repetition_penalty is not None:
+        model.generation_config.repetition_penalty = args.repetition_penalty
+    if args.no_repeat_ngram_size is not None:
+        model.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
+
+
+def _resume(state_dir: Path, args: TrainArgs, model: Yue2ForConditionalGeneration,
+            tokenizer: PreTrainedTokenizerBase, device: torch.device
+            ) -> tuple[PreTrainedTokenizerBase, dict[str, Any]]:
+    """Load a stopped run's saved state into `model`; returns its tokenizer and where it stopped."""
+    meta_path = state_dir / "meta.json"
+    if not meta_path.is_file():
+        return tokenizer, {"stage": STAGES[0], "step": 0}
+    meta = json.loads(meta_path.read_text())
+    if meta["args"] != args.identity():
+        raise SystemExit(f"{state_dir} holds a run with other arguments; delete it or pass the same ones")
+    model.load_state_dict(load_file(state_dir / "model.safetensors", device=str(device)))
+    print(f"resuming from {state_dir}: stage {meta['stage']}, step {meta['step']}")
+    return AutoTokenizer.from_pretrained(state_dir / "tokenizer"), {"stage": meta["stage"], "step": meta["step"]}
+
+
 def train(args: TrainArgs) -> Path | None:
     """Run (or resume) training; returns the checkpoint path, or None when stopped by stop_after."""
     torch.use_deterministic_algorithms(True)
@@ -321,20 +344,8 @@ def train(args: TrainArgs) -> Path | None:
     eval_rows = read_split(args.data, args.corpus, "eval")
     model, tokenizer = _load_or_init(args, [r["text"] + "\n" + r["summary"] for r in train_rows], state_dir)
     model.to(device)
-    if args.repetition_penalty is not None:
-        model.generation_config.repetition_penalty = args.repetition_penalty
-    if args.no_repeat_ngram_size is not None:
-        model.generation_config.no_repeat_ngram_size = args.no_repeat_ngram_size
-    done = {"stage": STAGES[0], "step": 0}
-    meta_path = state_dir / "meta.json"
-    if meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta["args"] != args.identity():
-            raise SystemExit(f"{state_dir} holds a run with other arguments; delete it or pass the same ones")
-        model.load_state_dict(load_file(state_dir / "model.safetensors", device=str(device)))
-        tokenizer = AutoTokenizer.from_pretrained(state_dir / "tokenizer")
-        done = {"stage": meta["stage"], "step": meta["step"]}
-        print(f"resuming from {state_dir}: stage {done['stage']}, step {done['step']}")
+    _set_generation_defaults(model, args)
+    tokenizer, done = _resume(state_dir, args, model, tokenizer, device)
     pairs = _encode(tokenizer, train_rows, args)
     eval_pairs = _encode(tokenizer, eval_rows, args)
     steps = {"denoise": args.denoise_steps, "ar": args.ar_steps, "nar": args.nar_steps,
