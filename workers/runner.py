@@ -97,8 +97,13 @@ class ModelRunner:
             raise InputTooLongError(field=TEXT_FIELD.get(job.kind, "input"), tokens=n, limit=self.max_input_tokens,
                                     checkpoint=self.checkpoint)
 
-    def tokenize(self, job: JobInput) -> list[int]:
-        return self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
+    def encode(self, job: JobInput) -> tuple[int, list[int]]:
+        """(the whole input's token count, the ids the encoder reads): one tokenization when the
+        input fits; a longer one is cut as the tokenizer cuts, `<s> … </s>` kept."""
+        ids = self.tokenizer(job.text, verbose=False)["input_ids"]
+        if len(ids) <= self.max_input_tokens:
+            return len(ids), ids
+        return len(ids), self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
 
     def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest], dict[str, Exception]]:
         """Engine requests for `jobs`; a job whose input cannot be tokenized fails alone."""
@@ -106,11 +111,9 @@ class ModelRunner:
         failed: dict[str, Exception] = {}
         for job in jobs:
             try:
-                ids = self.tokenizer(job.text, verbose=False)["input_ids"]  # whole: its length is recorded
-                self._check_length(job, len(ids))
-                self._full_tokens[job.id] = len(ids)
-                if len(ids) > self.max_input_tokens:  # cut as the tokenizer cuts: <s> … </s> kept
-                    ids = self.tokenize(job)
+                n, ids = self.encode(job)
+                self._check_length(job, n)
+                self._full_tokens[job.id] = n
                 requests.append(DecodeRequest(id=job, input_ids=ids, mode=job.params["mode"],
                                               max_new_tokens=job.params["max_new_tokens"]))
             except InputTooLongError as exc:

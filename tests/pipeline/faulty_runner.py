@@ -27,9 +27,9 @@ class FaultyRunner(ModelRunner):
         _misbehave(jobs)
         return super().generate(jobs)
 
-    def tokenize(self, job: JobInput) -> list[int]:
+    def encode(self, job: JobInput) -> tuple[int, list[int]]:
         _misbehave([job])
-        return super().tokenize(job)
+        return super().encode(job)
 
 
 def factory(**kwargs: Any) -> FaultyRunner:
