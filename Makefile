@@ -28,6 +28,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check yue2_jobs workers migrations tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
 # our `ar` loop against HF generate on identical weights.
@@ -98,7 +99,7 @@ api: $(STAMP)
 
 # One worker process per GPU (NUMA-bound), or YUE2_WORKER_PROCS on a CPU host, supervised.
 worker: $(STAMP)
-	$(PY) -m yue2_jobs worker
+	$(PY) -m workers
 
 # Flower on YUE2_BROKER_URL; basic auth is required: YUE2_FLOWER_BASIC_AUTH=user:password make flower
 flower: $(STAMP)

@@ -76,7 +76,7 @@ def main() -> None:
                                       env=env, stdout=(home / "api.log").open("wb"), stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: _up(httpx, url + "/healthz"), 60, "the API")
-        procs.append(subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", "--variant", "legal", "--procs",
+        procs.append(subprocess.Popen([sys.executable, "-m", "workers", "--variant", "legal", "--procs",
                                        str(args.procs)], cwd=ROOT, env=env, stdout=(home / "worker.log").open("wb"),
                                       stderr=subprocess.STDOUT))
         wait_until(lambda: (home / "ready").exists(), 180, "the workers")

@@ -136,8 +136,8 @@ def main() -> None:
         wait_until(lambda: _up(httpx, url + "/healthz"), 60, "the API")
         # Everything shares this machine's cores; the worker runs at nice 10, as a batch worker placed
         # beside an API should, so that interactive GETs are not queued behind decoding.
-        procs.append(subprocess.Popen(["nice", "-n", str(args.worker_nice), sys.executable, "-m", "yue2_jobs",
-                                       "worker"], cwd=ROOT, env=env,
+        procs.append(subprocess.Popen(["nice", "-n", str(args.worker_nice), sys.executable, "-m", "workers"],
+                                      cwd=ROOT, env=env,
                                       stdout=(logs / "worker.log").open("wb"), stderr=subprocess.STDOUT))
         wait_until(lambda: (logs / "ready").exists(), 120, "the worker")
         with session_factory(db_url)() as session:

@@ -50,13 +50,13 @@ def test_compose_config_is_valid_and_complete() -> None:
         w = services[name]
         devices = w["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
-        assert w["command"][:2] == ["yue2", "worker"]
+        assert w["command"][:1] == ["yue2-worker"]
         assert w["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert (ROOT / w["build"]["dockerfile"]).is_file()
     assert services["api"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert services["flower"]["environment"]["YUE2_FLOWER_BASIC_AUTH"] == "ops:secret"
     fonts = services["worker-fonts"]  # render jobs: CPU processes, no GPU reservation
-    assert fonts["command"] == ["yue2", "worker", "--variant", "fonts"] and "deploy" not in fonts
+    assert fonts["command"] == ["yue2-worker", "--variant", "fonts"] and "deploy" not in fonts
     for svc in services.values():
         if "build" in svc:
             assert (ROOT / svc["build"]["dockerfile"]).is_file()

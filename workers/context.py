@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from workers.metrics import WorkerMetrics
+from workers.protocol import Runner, engine_runner
 from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
 from yue2_jobs.storage import Storage
@@ -20,7 +21,7 @@ class WorkerContext:
     settings: Settings
     sessions: sessionmaker[Session]
     storage: Storage
-    runner: Any  # workers.runner.ModelRunner or a test's runner with the same `run` and `checkpoint`
+    runner: Runner
     name: str
     claims: dict[str, str] = field(default_factory=dict)  # job id -> claim token, renewed by the heartbeat
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -32,15 +33,15 @@ class WorkerContext:
     # replace `runner`, so the switch falls between micro-batches (workers.swap).
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
     swap_status: dict[str, Any] = field(default_factory=dict)
-    pending_runner: Any = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
+    pending_runner: Runner | None = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
     report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
 
     def __post_init__(self) -> None:
         if self.uploader is None:
             self.uploader = Uploader(self.settings, self.storage)
         if self.metrics is None:
-            engine = getattr(self.runner, "engine", None)
-            self.metrics = WorkerMetrics(worker=self.name, max_rows=engine.max_rows if engine else 1)
+            er = engine_runner(self.runner)
+            self.metrics = WorkerMetrics(worker=self.name, max_rows=er.engine.max_rows if er and er.engine else 1)
 
     def hold(self, rows: list[Any]) -> None:
         """Claims the heartbeat renews from now on."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any
 
 from workers.job_io import JobInput, JobOutput
 from yue2_jobs.core.config import Settings
@@ -28,12 +27,12 @@ def fonts_version() -> str:
 
 
 class FontRunner:
-    engine = None  # no continuous batching: each job renders on its own
+    """A `Runner` (workers.protocol) without an engine: each job renders on its own."""
 
     def __init__(self, *, variant: str, settings: Settings, directory: Path | None = None) -> None:
         self.variant, self.settings = variant, settings
-        self.weights_sha256 = None
-        self.checkpoint = f"{variant}@{fonts_version()}"
+        self.weights_sha256: str | None = None
+        self.checkpoint: str = f"{variant}@{fonts_version()}"
         for style in FONTS:  # open every font before the first job
             load(style)
 
@@ -64,6 +63,3 @@ class FontRunner:
                          extra={"render": {"width": r.width, "height": r.height, "lines": r.lines,
                                            "glyphs": r.glyphs, "style": p.style, "fallbacks": r.fallbacks}})
 
-
-def runner_for(*, variant: str, settings: Settings, directory: Path | None = None) -> Any:
-    return FontRunner(variant=variant, settings=settings, directory=directory)

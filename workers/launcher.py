@@ -1,4 +1,4 @@
-"""`yue2 worker`: one Celery worker process per GPU, each bound to its GPU's NUMA node, supervised.
+"""`yue2-worker`: one Celery worker process per GPU, each bound to its GPU's NUMA node, supervised.
 
 `plan_children` turns a host (GPUs, NUMA nodes, usable CPUs) into child specs:
 
@@ -73,7 +73,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
     allowed = set(cpus if cpus is not None else usable_cpus())
     nodes = {n: [c for c in cs if c in allowed] for n, cs in numa_nodes(sysfs).items()}
     nodes = {n: cs for n, cs in nodes.items() if cs}
-    argv = child_argv or [sys.executable, "-m", "yue2_jobs", "worker", "--child", "--variant", variant]
+    argv = child_argv or [sys.executable, "-m", "workers", "--child", "--variant", variant]
     placements: list[tuple[str, list[int], int | None, dict[str, str]]] = []
     if gpus:
         for i, gpu in enumerate(gpus):

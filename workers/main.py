@@ -1,4 +1,4 @@
-"""`yue2 worker`: one Celery worker process holding one variant's model.
+"""`yue2-worker --child`: one Celery worker process holding one variant's model.
 
 The solo pool runs batches in the main thread (a prefork pool breaks CUDA, celery#3402). Two
 daemon threads run beside it: the lease heartbeat, which keeps this worker's claims alive while a
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.protocol import Runner
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.fonts.params import FONTS_VARIANT
@@ -29,7 +30,7 @@ REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this ol
 SWAP_POLL_S = 1.0  # how often the report thread looks for the watchdog's swap request
 
 
-def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Any:
+def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Runner:
     if variant == FONTS_VARIANT:  # render jobs: the CPU font runner, no checkpoint
         from workers.font_runner import FontRunner
 
@@ -68,12 +69,6 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
     return thread
 
 
-def _check_variant(settings: Settings, variant: str) -> None:
-    if variant not in settings.checkpoints and variant != FONTS_VARIANT:
-        raise SystemExit(f"yue2 worker: variant {variant!r} is not in YUE2_CHECKPOINTS "
-                         f"({sorted(settings.checkpoints)}) nor {FONTS_VARIANT!r}")
-
-
 def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
     """The ready log line (with the CUDA graph capture) and the metrics endpoint."""
     runner = ctx.runner
@@ -95,7 +90,6 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     from workers.tasks import WorkerContext, register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    _check_variant(settings, variant)
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,

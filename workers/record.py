@@ -18,12 +18,13 @@ from typing import Any
 
 from workers.context import WorkerContext
 from workers.job_io import JobInput, JobOutput
+from workers.protocol import Runner
 from yue2_jobs.core.retry import retrying, transient
-from yue2_jobs.db.models import Job, JobStatus
+from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import InvalidRequestError
-from yue2_jobs.jobs.batches import job_output_body
 from yue2_jobs.jobs.inputs import read_input
-from yue2_jobs.jobs.service import file_key, output_key
+from yue2_jobs.jobs.keys import file_key, output_key
+from yue2_jobs.jobs.outputs import OutputFacts, output_body
 from yue2_jobs.jobs.state import finish_jobs
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"code": "job_failed", "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
-def failed_result(runner: Any, row: Any, exc: BaseException) -> dict[str, Any]:
+def failed_result(runner: Runner, row: Any, exc: BaseException) -> dict[str, Any]:
     return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
             "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
 
@@ -70,18 +71,22 @@ def load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], li
     return inputs, failed, given_back
 
 
-def _store_output(ctx: WorkerContext, runner: Any, row: Any, out: JobOutput, deadline: float
+def _store_output(ctx: WorkerContext, runner: Runner, row: Any, out: JobOutput, deadline: float
                   ) -> tuple[list[Future[None]], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
+    used = out.input_tokens if out.input_tokens_used is None else out.input_tokens_used
     values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
               "input_tokens": out.input_tokens,
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens,
-              "decoded_mode": out.mode,
-              "input_tokens_used": out.input_tokens if out.input_tokens_used is None else out.input_tokens_used,
-              "input_truncated": out.input_truncated, "chunks": out.chunks}
-    job = Job(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant, params=row.params, **values)
+              "decoded_mode": out.mode, "input_tokens_used": used, "input_truncated": out.input_truncated,
+              "chunks": out.chunks}
+    facts = OutputFacts(job_id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant,
+                        checkpoint=runner.checkpoint, mode=out.mode or row.params.get("mode"),
+                        input_tokens=out.input_tokens, input_tokens_used=used, output_tokens=out.output_tokens,
+                        decoder_steps=out.decoder_steps, nar_tokens=out.nar_tokens, chunks=out.chunks,
+                        input_truncated=out.input_truncated)
     assert ctx.uploader is not None
-    body = job_output_body(job, out.text)
+    body = output_body(facts, out.text)
     puts = []
     if out.files:  # a render job's images, beside its JSON
         body["files"] = {suffix: file_key(key, suffix) for suffix, _, _ in out.files}
@@ -102,7 +107,8 @@ def _finish(ctx: WorkerContext, results: list[dict[str, Any]], deadline: float) 
     retrying(once, deadline=deadline, what=f"recording {len(results)} results")
 
 
-def record(ctx: WorkerContext, runner: Any, rows: list[Any], inputs: list[JobInput], outputs: list[Any],
+def record(ctx: WorkerContext, runner: Runner, rows: list[Any], inputs: list[JobInput],
+           outputs: list[JobOutput | Exception],
            failed: list[dict[str, Any]]) -> None:
     """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
     have replaced `ctx.runner` since). The slice's claims are let go however this ends."""

@@ -9,7 +9,6 @@ halves and retried, so only the job that breaks decoding fails and its batch-mat
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 from dataclasses import replace
@@ -22,18 +21,12 @@ from workers.long_input import MAX_REDUCE_LEVELS, InputTooLongError, count_token
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import JobExecutionError
 from yue2_jobs.jobs.params import TEXT_FIELD
-from yue2_jobs.model.continuous import ENGINE_MODES, ContinuousBatcher, DecodeRequest, DecodeResult
+from yue2_jobs.model.checkpoint import directory_version, load_verified
+from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest, DecodeResult
+from yue2_jobs.model.decoding import DecodingParams
+from yue2_jobs.model.generation import generate
 
 log = logging.getLogger(__name__)
-REPETITION_CONTROLS = ("repetition_penalty", "no_repeat_ngram_size")
-
-
-def checkpoint_version(directory: Path) -> str:
-    """The first 12 hex digits of the manifest's sha256: names the exact weights that ran."""
-    manifest = directory / "manifest.json"
-    if not manifest.is_file():
-        return "unversioned"
-    return hashlib.sha256(manifest.read_bytes()).hexdigest()[:12]
 
 
 def resolve_device(name: str) -> torch.device:
@@ -56,16 +49,14 @@ class ModelRunner:
     `run` returns one output or exception per job, in order. A hot swap builds a new runner."""
 
     def __init__(self, *, variant: str, settings: Settings, directory: Path | None = None) -> None:
-        from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
-
         directory = Path(directory or settings.checkpoints[variant])
-        files = verify_checkpoint_dir(directory)
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
+        loaded = load_verified(directory)  # every file hashed once, against the manifest
         self.variant, self.settings, self.directory = variant, settings, directory
-        self.checkpoint = f"{variant}@{checkpoint_version(directory)}"
-        self.weights_sha256 = str(files["model.safetensors"]["sha256"])
-        self.model, self.tokenizer = load_checkpoint(directory)
+        self.checkpoint: str = f"{variant}@{directory_version(directory)}"
+        self.weights_sha256: str | None = loaded.weights_sha256
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.device = resolve_device(settings.device)
         self.dtype = resolve_dtype(settings.dtype, self.device)
         self.model.to(self.device, dtype=self.dtype)
@@ -87,9 +78,8 @@ class ModelRunner:
     def continuous_ok(self, job: JobInput) -> bool:
         """Whether the engine can decode this job (greedy auto/ar/hybrid with the checkpoint's
         repetition controls, one window of input); the rest go through `run`."""
-        p = job.params
-        return (self.engine is not None and p.get("mode") in ENGINE_MODES and not p.get("do_sample")
-                and not any(name in p for name in REPETITION_CONTROLS) and p.get("long_input") != "chunk")
+        return (self.engine is not None and DecodingParams.from_mapping(job.params).engine_ok
+                and job.params.get("long_input") != "chunk")
 
     def _check_length(self, job: JobInput, n: int) -> None:
         """Raises InputTooLongError when the job's `n` input tokens are too many and it says long_input=reject."""
@@ -174,16 +164,12 @@ class ModelRunner:
     @torch.inference_mode()
     def generate(self, jobs: list[JobInput]) -> list[JobOutput]:
         """One `generate` call for jobs that share their decoding parameters."""
-        params = dict(jobs[0].params)
-        params.pop("long_input", None)
         full = [len(ids) for ids in self.tokenizer([j.text for j in jobs], verbose=False)["input_ids"]]
         enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
                              padding=True, return_tensors="pt")
-        res = self.model.generate(
-            enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device), yue_mode=params.pop("mode"),
-            max_new_tokens=params.pop("max_new_tokens"), return_dict_in_generate=True,
-            do_sample=params.pop("do_sample", False), temperature=params.pop("temperature", 1.0),
-            top_k=params.pop("top_k", None) or 0, top_p=params.pop("top_p", None) or 1.0, **params)
+        res = generate(self.model, input_ids=enc["input_ids"].to(self.device),
+                       attention_mask=enc["attention_mask"].to(self.device),
+                       params=DecodingParams.from_mapping(jobs[0].params), return_dict_in_generate=True)
         texts = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
         used = enc["attention_mask"].sum(dim=1).tolist()
         return [JobOutput(text=t.strip(), input_tokens=n, output_tokens=st.tokens, decoder_steps=st.decoder_steps,

@@ -12,7 +12,7 @@ import logging
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 from celery.worker import state as worker_state
@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from workers.context import WorkerContext
 from workers.job_io import JobInput, JobOutput
+from workers.protocol import EngineRunner, engine_runner
 from workers.record import load_inputs, record
 from workers.swap import adopt_pending
 from yue2_jobs.core.config import Settings
@@ -30,6 +31,9 @@ from yue2_jobs.db.models import Job
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.state import claim_jobs
 from yue2_jobs.queue import TASK_NAME
+
+if TYPE_CHECKING:
+    from yue2_jobs.model.continuous import ContinuousBatcher
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             # they come; suspects are claimed one at a time, right before they run alone.
             size = s.batch_max_jobs
             groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
-            if getattr(ctx.runner, "engine", None) is not None:
+            if engine_runner(ctx.runner) is not None:
                 decode_s += _run_continuous(ctx, session, groups, pending, batch_ids, claimed)
                 groups = []
             for group in [*groups, *([j] for j in suspects)]:
@@ -142,13 +146,23 @@ def _run_continuous(ctx: WorkerContext, session: Session, groups: list[list[str]
     try:
         return _continuous_loop(ctx, session, groups, pending, batch_ids, claimed)
     except BaseException:
-        ctx.runner.engine.abandon()
+        er = engine_runner(ctx.runner)
+        if er is not None and er.engine is not None:
+            er.engine.abandon()
         raise
+
+
+def _engine_of(ctx: WorkerContext) -> tuple[EngineRunner, ContinuousBatcher]:
+    runner = engine_runner(ctx.runner)
+    if runner is None or runner.engine is None:  # a swap keeps the batching mode: settings do not change
+        raise TypeError(f"runner {ctx.runner.checkpoint} has no continuous-batching engine")
+    return runner, runner.engine
 
 
 def _continuous_loop(ctx: WorkerContext, session: Session, groups: list[list[str]], pending: list[Future[None]],
                      batch_ids: set[str], claimed: set[str]) -> float:
-    runner, engine, s = ctx.runner, ctx.runner.engine, ctx.settings
+    runner, engine = _engine_of(ctx)
+    s = ctx.settings
     assert ctx.metrics is not None
     todo = deque(groups)
     rows_by_id: dict[str, Any] = {}
@@ -168,7 +182,7 @@ def _continuous_loop(ctx: WorkerContext, session: Session, groups: list[list[str
             if done:
                 flush()
             adopt_pending(ctx)
-            runner, engine = ctx.runner, ctx.runner.engine
+            runner, engine = _engine_of(ctx)
         while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
             rows = _claim(ctx, session, todo.popleft(), batch_ids, claimed)
             if not rows:

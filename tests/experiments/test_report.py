@@ -9,7 +9,7 @@ import numpy as np
 
 from yue2_jobs.experiments.html import render_html
 from yue2_jobs.experiments.report import JobRecord, bootstrap_ci, difference, segment_report
-from yue2_jobs.experiments.service import split_variant, variants_for
+from yue2_jobs.jobs.assignment import split_variant, variants_for
 
 
 def exp(mode: str, weights: dict[str, float], exp_id: str = "exp_1") -> SimpleNamespace:

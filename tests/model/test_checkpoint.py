@@ -1,4 +1,5 @@
-"""Checkpoint directories: Auto-class round trip, manifest verification, pickle refusal."""
+"""Checkpoint directories: Auto-class round trip, manifest verification (in `load_checkpoint`; the
+model file knows nothing of manifests), pickle refusal."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 from tests.model.conftest import varied_inputs
 from yue2_jobs.errors import CheckpointCorruptError, CheckpointFileMissingError, PickleWeightsRefusedError
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
-from yue2_jobs.model.checkpoint import MANIFEST, save_checkpoint
+from yue2_jobs.model.checkpoint import MANIFEST, load_checkpoint, save_checkpoint
 from yue2_jobs.model.tokenizer import train_tokenizer
 
 
@@ -48,7 +49,7 @@ def test_tampered_file_is_rejected_by_name(checkpoint, name):
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointCorruptError, match=name.replace(".", r"\.")):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 def test_edited_config_is_rejected(checkpoint):
@@ -57,33 +58,33 @@ def test_edited_config_is_rejected(checkpoint):
     config["dropout"] = 0.5  # still valid JSON, so only the manifest can tell
     path.write_text(json.dumps(config))
     with pytest.raises(CheckpointCorruptError, match=r"config\.json"):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 def test_unparseable_config_names_the_file(checkpoint):
     (checkpoint / "config.json").write_text("{ not json")
     with pytest.raises(OSError, match=r"config\.json"):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)  # past the manifest check, transformers names it too
 
 
 def test_truncated_weights_are_rejected(checkpoint):
     path = checkpoint / "model.safetensors"
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(CheckpointCorruptError, match=r"model\.safetensors"):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 @pytest.mark.parametrize("name", ["tokenizer.json", "model.safetensors", MANIFEST])
 def test_missing_file_is_named(checkpoint, name):
     (checkpoint / name).unlink()
     with pytest.raises(CheckpointFileMissingError, match=name.replace(".", r"\.")):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 def test_unlisted_weights_are_rejected(checkpoint):
     (checkpoint / "model-extra.safetensors").write_bytes((checkpoint / "model.safetensors").read_bytes())
     with pytest.raises(CheckpointCorruptError, match=r"model-extra\.safetensors"):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "weights.pt"])
@@ -91,9 +92,21 @@ def test_pickle_weights_are_refused(checkpoint, tiny_yue2, name, monkeypatch):
     torch.save(tiny_yue2.state_dict(), checkpoint / name)
     monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("pickle file was unpickled"))
     with pytest.raises(PickleWeightsRefusedError, match=name.replace(".", r"\.")):
-        AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+        load_checkpoint(checkpoint)
 
 
 def test_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointFileMissingError, match="does not exist"):
-        Yue2ForConditionalGeneration.from_pretrained(tmp_path / "nope")
+        load_checkpoint(tmp_path / "nope")
+
+
+def test_a_load_hashes_each_file_once(checkpoint, monkeypatch):
+    from yue2_jobs.model import checkpoint as ckpt_module
+
+    hashed: list[str] = []
+    real = ckpt_module._sha256
+    monkeypatch.setattr(ckpt_module, "_sha256", lambda path: hashed.append(path.name) or real(path))
+    loaded = ckpt_module.load_verified(checkpoint)
+    assert sorted(hashed) == sorted(p.name for p in checkpoint.iterdir() if p.name != MANIFEST)
+    assert loaded.weights_sha256 == json.loads((checkpoint / MANIFEST).read_text())["files"]["model.safetensors"][
+        "sha256"]

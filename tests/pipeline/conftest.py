@@ -214,7 +214,7 @@ class Worker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Worker:
-        self.proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", *self.args], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "workers", *self.args], cwd=ROOT, env=self.env,
                                      stdout=self.log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
         return self
 

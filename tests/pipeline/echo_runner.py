@@ -1,7 +1,7 @@
 """A job runner with no model, for the chaos tests: a job's output is the first words of its input,
 and each job takes YUE2_TEST_JOB_MS of decoding time, so a batch runs long enough for a fault to
 land in the middle of it. It has the runner seams the worker uses (`run`, `checkpoint`,
-`weights_sha256`, `variant`, no continuous `engine`)."""
+`weights_sha256`, `variant`: a `workers.protocol.Runner`, no engine)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,6 @@ def echo(text: str) -> str:
 
 
 class EchoRunner:
-    engine = None
-
     def __init__(self, *, variant: str, settings: Any, directory: Path | None = None) -> None:
         self.variant, self.settings = variant, settings
         self.checkpoint = f"{variant}@echo"

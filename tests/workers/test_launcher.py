@@ -161,7 +161,7 @@ def test_backoff_doubles_up_to_the_cap() -> None:
 
 
 def test_dry_run_prints_the_plan_for_this_host() -> None:
-    done = subprocess.run([sys.executable, "-m", "yue2_jobs", "worker", "--dry-run", "--procs", "2", "--host", "h"],
+    done = subprocess.run([sys.executable, "-m", "workers", "--dry-run", "--procs", "2", "--host", "h"],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2],
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -6,11 +6,10 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
-
-from yue2_jobs.db.models import Batch, Experiment, File, Job, JobStatus
-from yue2_jobs.jobs.batches import usage_view
-from yue2_jobs.jobs.service import file_key, request_counts
+from yue2_jobs.db.models import Experiment, File, Job, JobStatus
+from yue2_jobs.jobs.batch_service import BatchState
+from yue2_jobs.jobs.keys import file_key
+from yue2_jobs.jobs.outputs import usage
 from yue2_jobs.storage import Storage
 
 
@@ -25,7 +24,9 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
         "weights_sha256": job.weights_sha256, "params": job.params,
         "attempts": job.attempts, "error": job.error, "worker": job.worker,
         "created_at": ts(job.created_at), "started_at": ts(job.started_at), "finished_at": ts(job.finished_at),
-        "input_truncated": bool(job.input_truncated), "usage": usage_view(job),
+        "input_truncated": bool(job.input_truncated),
+        "usage": usage(input_tokens=job.input_tokens, input_tokens_used=job.input_tokens_used,
+                       output_tokens=job.output_tokens),
         "decoding": {"mode": job.decoded_mode, "decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
                      "chunks": job.chunks,
                      "tau": round(job.output_tokens / job.decoder_steps, 3)
@@ -49,9 +50,9 @@ def file_view(f: File) -> dict[str, Any]:
             "purpose": f.purpose, "status": "processed", "status_details": None}
 
 
-def batch_view(b: Batch, session: Session) -> dict[str, Any]:
-    counts = request_counts(session, b.id)
-    return {
+def batch_view(state: BatchState) -> dict[str, Any]:
+    b, counts = state.batch, state.counts
+    view: dict[str, Any] = {
         "id": b.id, "object": "batch", "endpoint": b.endpoint, "errors": b.errors, "input_file_id": b.input_file_id,
         "completion_window": b.completion_window, "status": b.status, "output_file_id": b.output_file_id,
         "error_file_id": b.error_file_id, "created_at": ts(b.created_at), "in_progress_at": ts(b.in_progress_at),
@@ -61,6 +62,9 @@ def batch_view(b: Batch, session: Session) -> dict[str, Any]:
         "request_counts": {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]},
         "metadata": b.metadata_, "experiment_id": b.experiment_id,
     }
+    if state.warnings:
+        view["warnings"] = state.warnings
+    return view
 
 
 def dumps(obj: Any) -> bytes:

@@ -18,7 +18,7 @@ from pathlib import Path
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from yue2_jobs.checkpoints import MANIFEST
+from yue2_jobs.model.checkpoint import MANIFEST, manifest_version
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import CheckpointFileMissingError, ConflictError, NotFoundError
@@ -29,12 +29,6 @@ PREFIX = "checkpoints"
 
 def version_prefix(variant: str, version: str) -> str:
     return f"{PREFIX}/{variant}/{version}/"
-
-
-def manifest_version(manifest_bytes: bytes) -> tuple[str, str]:
-    """(version, manifest sha256) of a manifest's bytes."""
-    sha = hashlib.sha256(manifest_bytes).hexdigest()
-    return sha[:12], sha
 
 
 def publish(session: Session, *, store: Storage, store_url: str, directory: Path, variant: str) -> CheckpointVersion:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from yue2_jobs.checkpoints.registry import finish_validation, start_validation, version_prefix
 from yue2_jobs.db.models import CheckpointVersion
 from yue2_jobs.errors import CheckpointSmokeTestError
-from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
+from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.storage import Storage
 
 SMOKE_PROMPTS = (
@@ -85,8 +85,7 @@ def download(store: Storage, *, variant: str, version: str, cache_dir: Path) -> 
 @torch.inference_mode()
 def validate_dir(directory: Path, *, rouge_gate: RougeGate | None = None) -> None:
     """Raise a CheckpointError naming what is wrong with the checkpoint in `directory`."""
-    verify_checkpoint_dir(directory)
-    model, tokenizer = load_checkpoint(directory)
+    model, tokenizer = load_checkpoint(directory)  # verifies every file against the manifest first
     for name, weight in model.state_dict().items():
         if weight.is_floating_point() and not bool(torch.isfinite(weight).all()):
             raise CheckpointSmokeTestError(f"weight {name} holds NaN or Inf values", path=str(directory))

@@ -18,7 +18,6 @@ Passes run every `YUE2_WATCHDOG_INTERVAL_S` seconds; a local store is also watch
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProces
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import WorkerGoneError
 from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
+from yue2_jobs.model.checkpoint import manifest_version
 
 log = logging.getLogger("yue2.watchdog")
 
@@ -42,7 +42,7 @@ def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[
     found = []
     for version, manifest in registry.complete_versions(store, variant).items():
         if registry.find(session, variant=variant, version=version) is None:
-            registry.register(session, variant=variant, version=version, sha=hashlib.sha256(manifest).hexdigest(),
+            registry.register(session, variant=variant, version=version, sha=manifest_version(manifest)[1],
                               uri=store_url.rstrip("/") + "/" + registry.version_prefix(variant, version))
             found.append(version)
     return found

@@ -18,8 +18,9 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from yue2_jobs.model.decoding import MODES
+
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
 
 
 class Settings(BaseSettings):
@@ -168,3 +169,13 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def settings_or_exit(program: str) -> Settings:
+    """The settings for a command-line program: a bad `YUE2_*` variable ends it with the reason."""
+    from pydantic import ValidationError
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise SystemExit(f"{program}: invalid configuration: {exc}") from None

@@ -12,7 +12,6 @@ is reproducible.
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +22,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Batch, Experiment, ExperimentMode, Job, JobStatus
-from yue2_jobs.experiments.service import variant_names
+from yue2_jobs.jobs.assignment import variant_names
+from yue2_jobs.jobs.outputs import read_text
 from yue2_jobs.rouge import pair_scores
 from yue2_jobs.storage import Storage
 
@@ -64,9 +64,7 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
                         output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0)
         records.append(rec)
         if ok and job.reference is not None:
-            text = job.output_text
-            if text is None:
-                text = json.loads(storage.get(job.output_key or ""))["output"]
+            text = read_text(storage, output_text=job.output_text, output_key=job.output_key)
             to_score.append((rec, text, job.reference))
     if to_score:
         scores = pair_scores([t for _, t, _ in to_score], [r for _, _, r in to_score])

@@ -13,14 +13,12 @@ FONTS_VARIANT = "fonts"  # the queue (`yue2.fonts`) and worker variant of render
 HEX_COLOR = r"^#(?:[0-9a-fA-F]{3}|[0-9a-fA-F]{6})$"
 
 
-class RenderBody(BaseModel):
-    """The body of a render job (POST /v1/jobs with kind `render_font`, or a line for /v1/render_font)."""
+class RenderParams(BaseModel):
+    """What a render job asks for, with its limits: the renderer's input (`render.render`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)  # frozen: hashable, as the renderer's caches need
 
-    kind: Literal["render_font"] | None = None
-    custom_id: SafeStr | None = Field(None, max_length=512)
-    text: SafeStr
+    text: str
     style: Literal[STYLES] = "print"  # type: ignore[valid-type]
     pen_pressure: float = Field(0.5, ge=0, le=1, description="0..1: stroke weight and ink density")
     stroke_width: float = Field(2.0, ge=1, le=20, description="nominal pen width, px")
@@ -30,3 +28,11 @@ class RenderBody(BaseModel):
     color: str = Field("#111111", pattern=HEX_COLOR)
     background: str | None = Field("#ffffff", pattern=HEX_COLOR, description="null: transparent")
     output: Literal["svg", "png", "both"] = "both"
+
+
+class RenderBody(RenderParams):
+    """The body of a render job (POST /v1/jobs with kind `render_font`, or a line for /v1/render_font)."""
+
+    kind: Literal["render_font"] | None = None
+    custom_id: SafeStr | None = Field(None, max_length=512)
+    text: SafeStr

@@ -18,7 +18,7 @@ import math
 import unicodedata
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 from fontTools.pens.basePen import BasePen
 from fontTools.pens.boundsPen import ControlBoundsPen
@@ -26,25 +26,10 @@ from fontTools.pens.transformPen import TransformPen
 
 from yue2_jobs.errors import GlyphsMissingError
 from yue2_jobs.fonts.catalog import LoadedFont, chain, load
+from yue2_jobs.fonts.params import RenderParams
 
 CLOSING = set("，。、；：？！）》」』】〕〉”’,.;:?!)]}%")  # never starts a line
 LINE_SPACING = 1.25
-
-
-@dataclass(frozen=True)
-class RenderParams:
-    """What a render job asks for (validated by `yue2_jobs.jobs.params`)."""
-
-    text: str
-    style: str = "print"
-    pen_pressure: float = 0.5
-    stroke_width: float = 2.0
-    font_size: float = 48.0
-    wrap_width: float = 1024.0
-    color: str = "#111111"
-    background: str | None = "#ffffff"  # None: transparent
-    padding: float = 16.0
-    output: Literal["svg", "png", "both"] = "both"
 
 
 @dataclass

@@ -16,33 +16,19 @@ from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
 from yue2_jobs.db.session import utcnow
+from yue2_jobs.jobs.keys import batch_result_file_id, batch_result_key
+from yue2_jobs.jobs.outputs import facts_of, output_body, read_body, read_text
 from yue2_jobs.storage import Storage
-
-
-def job_output_body(job: Job, output_text: str) -> dict[str, Any]:
-    """The JSON a succeeded job produced: stored at its output key and inlined in API answers."""
-    return {"id": job.id, "object": f"yue2.{job.kind}", "custom_id": job.custom_id, "variant": job.variant,
-            "checkpoint": job.checkpoint, "mode": job.decoded_mode or job.params.get("mode"), "output": output_text,
-            "input_truncated": bool(job.input_truncated), "usage": usage_view(job),
-            "decoding": {"decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens, "chunks": job.chunks}}
-
-
-def usage_view(job: Job) -> dict[str, int | None]:
-    """Token counts: the input's, how much of it the encoder read (less when truncated), the output's."""
-    return {"input_tokens": job.input_tokens, "input_tokens_used": job.input_tokens_used,
-            "output_tokens": job.output_tokens}
 
 
 def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
     request_id = f"batch_req_{job.id.removeprefix('job_')}"
     if job.status == JobStatus.SUCCEEDED:
         if job.kind == "render_font":  # its stored JSON names the image files and the layout
-            body = json.loads(storage.get(job.output_key or ""))
+            body = read_body(storage, job.output_key or "")
         else:
-            text = job.output_text
-            if text is None:
-                text = json.loads(storage.get(job.output_key or ""))["output"]
-            body = job_output_body(job, text)
+            body = output_body(facts_of(job), read_text(storage, output_text=job.output_text,
+                                                       output_key=job.output_key))
         return True, {"id": request_id, "custom_id": job.custom_id, "error": None,
                       "response": {"status_code": 200, "request_id": job.id, "body": body}}
     error = job.error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}
@@ -103,8 +89,8 @@ def _write_files(session: Session, *, batch_id: str, tenant: str, status: str, s
     for column, lines, name in (("output_file_id", ok_lines, "output"), ("error_file_id", err_lines, "error")):
         if not lines:
             continue
-        file_id = f"file-{batch_id.removeprefix('batch_')}-{name}"
-        key = f"{tenant}/{batch_id}/{name}.jsonl"
+        file_id = batch_result_file_id(batch_id, name)
+        key = batch_result_key(tenant=tenant, batch_id=batch_id, name=name)
         data = ("\n".join(lines) + "\n").encode()
         storage.put(key, data, content_type="application/jsonl")
         if session.get(File, file_id) is None:

@@ -12,26 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from yue2_jobs.jobs.keys import parse_line_ref
 from yue2_jobs.jobs.params import TEXT_FIELD
 from yue2_jobs.storage import Storage
-
-
-def own_input_key(*, tenant: str, job_id: str) -> str:
-    return f"{tenant}/jobs/{job_id}.input.txt"
-
-
-def line_ref(file_key: str, start: int, end: int) -> str:
-    """A reference to bytes [start, end) of `file_key`: one line of a batch input file."""
-    return f"{file_key}#{start}-{end}"
 
 
 def read_input(storage: Storage, *, input_text: str | None, input_key: str | None, kind: str) -> str:
     """A job's input text, wherever it lives."""
     if input_key is None:
         return input_text or ""
-    key, sep, span = input_key.rpartition("#")
-    if not sep:
+    key, span = parse_line_ref(input_key)
+    if span is None:
         return storage.get(input_key).decode()
-    start, end = (int(x) for x in span.split("-"))
-    line: dict[str, Any] = json.loads(storage.get_range(key, start, end))
+    line: dict[str, Any] = json.loads(storage.get_range(key, *span))
     return str(line["body"][TEXT_FIELD[kind]])

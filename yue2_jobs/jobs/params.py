@@ -10,9 +10,10 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from yue2_jobs.core.config import MODES, Settings
+from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import SafeStr, check_depth
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
+from yue2_jobs.model.decoding import GREEDY_ONLY_MODES, DecodingParams, Mode
 
 M = TypeVar("M", bound=BaseModel)
 KINDS = ("summarize", "generate", "render_font")
@@ -21,12 +22,13 @@ ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/rend
 TEXT_FIELD = {"summarize": "input", "generate": "prompt", "render_font": "text"}
 
 
-class DecodingParams(BaseModel):
-    """Decoding parameters a job (or one line of a batch) may set; None means the server default."""
+class DecodingBody(BaseModel):
+    """Decoding parameters a job (or one line of a batch) may set, with the API's limits; None
+    means the server default. A validated job's parameters build a `DecodingParams`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    mode: Literal["auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup"] | None = None
+    mode: Mode | None = None
     max_new_tokens: int | None = Field(None, ge=1)
     do_sample: bool = False
     temperature: float = Field(1.0, gt=0, le=10)
@@ -42,7 +44,7 @@ class DecodingParams(BaseModel):
     long_input: Literal["truncate", "reject", "chunk"] | None = None
 
 
-class JobBody(DecodingParams):
+class JobBody(DecodingBody):
     """The body of POST /v1/jobs, or of one batch line: the text, the variant and decoding parameters."""
 
     kind: Literal["summarize", "generate", "render_font"] | None = None
@@ -103,12 +105,12 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
         raise LimitExceededError(field=f"{field_prefix}max_new_tokens", limit=settings.max_new_tokens_limit,
                                  actual=max_new, unit="tokens", status=422)
     mode = parsed.mode or settings.default_mode
-    if parsed.do_sample and mode in ("nar", "prompt_lookup"):
+    if parsed.do_sample and mode in GREEDY_ONLY_MODES:
         raise InvalidRequestError(f"{field_prefix}mode {mode!r} decodes greedily; do_sample needs ar or hybrid",
                                   field=f"{field_prefix}do_sample")
-    params = parsed.model_dump(include=set(DecodingParams.model_fields), exclude_none=True)
+    params = parsed.model_dump(include=set(DecodingBody.model_fields), exclude_none=True)
     params.update(mode=mode, max_new_tokens=max_new, long_input=parsed.long_input or "truncate")
-    assert mode in MODES
+    DecodingParams.from_mapping(params)  # what the worker will build from the stored parameters
     return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params)
 
 

@@ -7,7 +7,6 @@ enqueues whatever a crash between the two left behind.
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -15,28 +14,17 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.ids import new_id
 from yue2_jobs.core.safe import check_text, require_id
 from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
-from yue2_jobs.jobs.inputs import line_ref, own_input_key
+from yue2_jobs.jobs.assignment import get_experiment, variants_for
+from yue2_jobs.jobs.keys import line_ref, own_input_key, upload_key
 from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS, parse_batch_file
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
 from yue2_jobs.jobs.state import cancel_jobs
 from yue2_jobs.storage import Storage
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
-
-
-def output_key(*, tenant: str, batch_id: str | None, job_id: str) -> str:
-    return f"{tenant}/{batch_id or 'jobs'}/{job_id}.json"
-
-
-def file_key(json_key: str, suffix: str) -> str:
-    """Where a job's extra output file (a render's `svg` or `png`) lives, beside its JSON."""
-    return f"{json_key.removesuffix('.json')}.{suffix}"
 
 
 def _job_row(job: ValidatedJob, *, tenant: str, batch_id: str | None, settings: Settings, now: Any,
@@ -98,7 +86,7 @@ def create_file(session: Session, *, tenant: str, filename: str, purpose: str, d
         raise InvalidRequestError(f"purpose {purpose!r} is not supported; use 'batch'", field="purpose", status=400)
     check_text(filename, field="filename", max_chars=MAX_FILENAME_CHARS, status=400)
     file_id = new_id("file-")
-    key = f"{tenant}/files/{file_id}.jsonl"
+    key = upload_key(tenant=tenant, file_id=file_id)
     f = File(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(data), storage_key=key,
              created_at=utcnow())
     session.add(f)
@@ -126,10 +114,8 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
     """Insert the batch and its jobs in one transaction; returns the batch and the (job, variant) to enqueue.
 
     Under an experiment, each line becomes one job (`split`) or one job per variant (`paired`),
-    on the variants the experiment assigns (`yue2_jobs.experiments.service`).
+    on the variants the experiment assigns (`yue2_jobs.jobs.assignment`).
     """
-    from yue2_jobs.experiments.service import get_experiment, variants_for
-
     if endpoint not in ENDPOINTS:
         raise InvalidRequestError(f"endpoint {endpoint!r} is not supported; use one of {sorted(ENDPOINTS)}",
                                   field="endpoint", status=400)

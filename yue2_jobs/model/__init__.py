@@ -1,16 +1,30 @@
-"""The YuE2 model. Importing this package registers `yue2` with the transformers Auto classes
-(config, seq2seq model, tokenizer)."""
+"""The YuE2 model: one config, one model file (`modeling_yue2.py`, which registers `yue2` with
+the transformers Auto classes when it is imported), generation and training around them.
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+Importing this package is light: `yue2_jobs.model.decoding` (the decoding parameters, which the
+API and the CLI use) needs no torch. The names below load their modules on first use, so
+`from yue2_jobs.model import Yue2ForConditionalGeneration` registers the Auto classes too.
+"""
 
-from yue2_jobs.model.configuration_yue2 import PRESETS, Yue2Config
-from yue2_jobs.model.generation import MODES, Yue2GenerateOutput, generate
-from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
-from yue2_jobs.model.stats import SequenceStats
+from __future__ import annotations
 
-AutoConfig.register("yue2", Yue2Config, exist_ok=True)
-AutoModelForSeq2SeqLM.register(Yue2Config, Yue2ForConditionalGeneration, exist_ok=True)
-AutoTokenizer.register(Yue2Config, fast_tokenizer_class=PreTrainedTokenizerFast, exist_ok=True)
+import importlib
+from typing import Any
 
-__all__ = ["MODES", "PRESETS", "SequenceStats", "Yue2Config", "Yue2ForConditionalGeneration", "Yue2GenerateOutput",
-           "generate"]
+_LAZY = {
+    "Yue2Config": "configuration_yue2", "PRESETS": "configuration_yue2",
+    "Yue2ForConditionalGeneration": "modeling_yue2",
+    "generate": "generation", "Yue2GenerateOutput": "generation",
+    "SequenceStats": "stats",
+    "MODES": "decoding", "DecodingParams": "decoding",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if _LAZY[name] == "configuration_yue2":  # a config is only useful with its model: register both
+        importlib.import_module(f"{__name__}.modeling_yue2")
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

@@ -15,7 +15,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-AUTO = "auto"
+from yue2_jobs.model.decoding import AUTO  # noqa: F401 - re-exported
+
 LOSSLESS = ("ar", "hybrid")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 

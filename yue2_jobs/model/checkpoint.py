@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yue2_jobs.checkpoints import MANIFEST
 from yue2_jobs.errors import CheckpointCorruptError, CheckpointFileMissingError, PickleWeightsRefusedError
 
 if TYPE_CHECKING:
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 
+MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "yue2-manifest/1"
 REQUIRED_FILES = ("config.json", "model.safetensors")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -33,6 +34,19 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def manifest_version(manifest_bytes: bytes) -> tuple[str, str]:
+    """(version, sha256) of a manifest's bytes: the version is the first 12 hex digits, and it
+    names the exact files (weights, config, tokenizer) of a checkpoint."""
+    sha = hashlib.sha256(manifest_bytes).hexdigest()
+    return sha[:12], sha
+
+
+def directory_version(directory: str | os.PathLike[str]) -> str:
+    """The version of the checkpoint in `directory` ("unversioned" without a manifest)."""
+    path = Path(directory) / MANIFEST
+    return manifest_version(path.read_bytes())[0] if path.is_file() else "unversioned"
 
 
 def write_manifest(directory: str | os.PathLike[str]) -> dict[str, dict[str, object]]:
@@ -90,20 +104,36 @@ def verify_checkpoint_dir(directory: str | os.PathLike[str]) -> dict[str, dict[s
     return files
 
 
-def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
-    """Model (in eval mode) and tokenizer of a local checkpoint directory.
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    model: Yue2ForConditionalGeneration
+    tokenizer: PreTrainedTokenizerBase
+    files: dict[str, dict[str, object]]  # the verified manifest: name -> sha256 and size
 
-    A path that is not a directory gets a CheckpointError here; otherwise transformers would
-    take it for a hub repository name and fail with a confusing message.
-    """
-    root = Path(directory)
-    if not root.is_dir():
-        raise CheckpointFileMissingError(f"checkpoint directory {str(root)!r} does not exist", path=str(root))
+    @property
+    def weights_sha256(self) -> str:
+        return str(self.files["model.safetensors"]["sha256"])
+
+
+def load_verified(directory: str | os.PathLike[str]) -> LoadedCheckpoint:
+    """Verify a local checkpoint directory against its manifest (each file hashed once), then
+    load its model (in eval mode) and tokenizer. Every failure is a CheckpointError naming the
+    file; a path that is not a directory is one too, where transformers would take it for a hub
+    repository name and fail with a confusing message."""
+    files = verify_checkpoint_dir(directory)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    import yue2_jobs.model  # noqa: F401  (registers yue2 with the Auto classes)
+    from yue2_jobs.model import modeling_yue2  # noqa: F401 - registers yue2 with the Auto classes
 
-    return AutoModelForSeq2SeqLM.from_pretrained(root).eval(), AutoTokenizer.from_pretrained(root)
+    root = Path(directory)
+    return LoadedCheckpoint(AutoModelForSeq2SeqLM.from_pretrained(root).eval(), AutoTokenizer.from_pretrained(root),
+                            files)
+
+
+def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Yue2ForConditionalGeneration, PreTrainedTokenizerBase]:
+    """Model (in eval mode) and tokenizer of a local checkpoint directory, verified first."""
+    loaded = load_verified(directory)
+    return loaded.model, loaded.tokenizer
 
 
 def save_checkpoint(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None,
@@ -114,5 +144,6 @@ def save_checkpoint(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTo
     (root / MANIFEST).unlink(missing_ok=True)  # invalid until rewritten below
     if tokenizer is not None:
         tokenizer.save_pretrained(root)
-    model.save_pretrained(root)  # writes the manifest last
+    model.save_pretrained(root)
+    write_manifest(root)  # last: until it exists, the directory is not a valid checkpoint
     return root

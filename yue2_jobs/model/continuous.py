@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import torch
 
-from yue2_jobs.model.auto_mode import AUTO, ModeChooser, chooser_for
+from yue2_jobs.model.auto_mode import ModeChooser, chooser_for
+from yue2_jobs.model.decoding import AUTO, ENGINE_MODES
 from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape
 from yue2_jobs.model.generation import DEFAULT_MIN_ACCEPT_PROB
 from yue2_jobs.model.graphs import run_step
@@ -42,7 +43,6 @@ from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGe
 from yue2_jobs.model.sampling import SamplingParams, repetition_defaults
 from yue2_jobs.model.stats import SequenceStats
 
-ENGINE_MODES = ("ar", "hybrid", AUTO)
 RECOVER_EVERY = 64  # clean steps before an out-of-memory row cap is raised by one again
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from yue2_jobs.model.auto_mode import AUTO, chooser_for
+from yue2_jobs.model.auto_mode import chooser_for
 from yue2_jobs.model.decode_loop import DraftPolicy, PromptLookupDrafter, decode_batch
+from yue2_jobs.model.decoding import AUTO, MODES, DecodingParams  # noqa: F401 - MODES re-exported
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration
 from yue2_jobs.model.sampling import (  # noqa: F401 - re-exported: the sampling API's historic home
     SamplingParams,
@@ -27,11 +29,11 @@ from yue2_jobs.model.sampling import (  # noqa: F401 - re-exported: the sampling
     leading_run,
     processed_probs,
     repetition_defaults,
+    sampling_params,
     select_next_token,
 )
 from yue2_jobs.model.stats import SequenceStats, StatsRecorder
 
-MODES = ("auto", "ar", "hybrid", "hybrid_fast", "nar", "prompt_lookup")
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_NAR_ITERATIONS = 4
 # `hybrid` verifies a NAR draft token only while the confidence head's joint p(accept) up to it
@@ -61,50 +63,38 @@ def generate(
     *,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
-    max_new_tokens: int | None = None,
-    mode: str = "hybrid",
-    do_sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    repetition_penalty: float | None = None,
-    no_repeat_ngram_size: int | None = None,
-    seed: int | None = None,
-    nar_threshold: float | None = None,
+    params: DecodingParams | None = None,
     min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB,
     nar_iterations: int = DEFAULT_NAR_ITERATIONS,
     sync_every: int | None = None,
     return_dict_in_generate: bool = False,
+    **decoding: Any,
 ) -> torch.Tensor | Yue2GenerateOutput:
-    """Generate for a batch of encoder inputs.
+    """Generate for a batch of encoder inputs, decoded as `params` (`DecodingParams`: mode,
+    length, sampling, repetition controls) says; keyword arguments named like its fields
+    (`mode="ar"`, `max_new_tokens=32`, as Hugging Face's `generate` takes them) override it.
 
     Returns (B, 1 + n) token ids that start with the decoder start token, as Hugging Face's
     `generate` does; rows that finished early are padded with `pad_token_id`. With
     `return_dict_in_generate=True`, a `Yue2GenerateOutput` that adds per-row `SequenceStats`.
     `max_new_tokens` defaults to 64 (or less, for a model with fewer positions); a larger
-    value than the model's positions allow is an error, never silently cut.
-
-    `mode`: `auto` (`ar` or `hybrid`, whichever this model has measured faster at this batch
-    size: `auto_mode.py`), `ar`, `hybrid` (the default: greedy output identical to `ar`; sampled output
-    distributed as `ar`'s), `hybrid_fast` (drafts with confidence >= `nar_threshold`, default the config's,
-    are kept unverified), `nar` (`nar_iterations` parallel refinement passes) or
-    `prompt_lookup` (drafts copied from the input, verified; lossless like `hybrid`).
-    `repetition_penalty` and `no_repeat_ngram_size` (`SamplingParams`; None: the model's
-    generation config, as in Hugging Face's `generate`) apply in every mode. Every mode
-    but `nar` runs the engine step (`engine.py`); `sync_every` steps pass between host reads
-    (default: the device's, `decode_loop.SYNC_EVERY`).
+    value than the model's positions allow is an error, never silently cut. `auto` picks `ar` or
+    `hybrid`, whichever this model has measured faster at this batch size (`auto_mode.py`); `nar`
+    runs `nar_iterations` parallel refinement passes. Every mode but `nar` runs the engine step
+    (`engine.py`); `sync_every` steps pass between host reads (default: the device's,
+    `decode_loop.SYNC_EVERY`).
     """
-    max_new_tokens, threshold = _checked(model, input_ids=input_ids, attention_mask=attention_mask, mode=mode,
-                                         max_new_tokens=max_new_tokens, nar_threshold=nar_threshold,
+    params = (params or DecodingParams()).with_(**decoding)
+    mode = params.mode
+    max_new_tokens, threshold = _checked(model, input_ids=input_ids, attention_mask=attention_mask,
+                                         max_new_tokens=params.max_new_tokens, nar_threshold=params.nar_threshold,
                                          min_accept_prob=min_accept_prob, nar_iterations=nar_iterations,
                                          sync_every=sync_every)
-    params = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-                            **repetition_defaults(model.generation_config, repetition_penalty=repetition_penalty,
-                                                  no_repeat_ngram_size=no_repeat_ngram_size))
+    sampling = sampling_params(params, model.generation_config)
     generator = None
-    if do_sample:
+    if params.do_sample:
         generator = torch.Generator(device=input_ids.device)
-        generator.manual_seed(0 if seed is None else seed)
+        generator.manual_seed(0 if params.seed is None else params.seed)
     k = model.config.nar_block_size
     stats = StatsRecorder(input_ids.shape[0], max_nar_per_step=2 * k if mode == "hybrid_fast" else k,
                           device=input_ids.device)
@@ -116,7 +106,7 @@ def generate(
         from yue2_jobs.model.nar_decode import nar_generate
 
         seqs = nar_generate(model, input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                            params=params, iterations=nar_iterations, stats=stats)
+                            params=sampling, iterations=nar_iterations, stats=stats)
     else:
         policy = DraftPolicy(source="nar", trust_threshold=threshold if mode == "hybrid_fast" else None,
                              min_accept_prob=min_accept_prob)
@@ -127,7 +117,7 @@ def generate(
             policy = DraftPolicy(source="host", host_drafter=lookup)
         enc = prefill(model, input_ids, attention_mask)
         buf, lengths = decode_batch(model, enc=enc, batch_size=input_ids.shape[0], max_new_tokens=max_new_tokens,
-                                    params=params, generator=generator, policy=policy, stats=stats,
+                                    params=sampling, generator=generator, policy=policy, stats=stats,
                                     sync_every=sync_every)
         seqs = trim_to_lengths(buf, lengths, model.config.pad_token_id)
         if chooser is not None:
@@ -139,11 +129,9 @@ def generate(
 
 
 def _checked(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-             mode: str, max_new_tokens: int | None, nar_threshold: float | None, min_accept_prob: float,
+             max_new_tokens: int | None, nar_threshold: float | None, min_accept_prob: float,
              nar_iterations: int, sync_every: int | None) -> tuple[int, float]:
     """`generate`'s arguments checked, each error naming its field; returns (max_new_tokens, threshold)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     limit = model.config.max_position_embeddings - 1  # the start token takes one position
     if max_new_tokens is None:
         max_new_tokens = min(DEFAULT_MAX_NEW_TOKENS, limit)
@@ -151,8 +139,6 @@ def _checked(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor, at
         raise ValueError(f"max_new_tokens must be between 1 and {limit} (max_position_embeddings - 1), "
                          f"got {max_new_tokens}")
     threshold = model.config.nar_threshold if nar_threshold is None else nar_threshold
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"nar_threshold must be between 0 and 1, got {threshold}")
     if not 0.0 <= min_accept_prob <= 1.0:
         raise ValueError(f"min_accept_prob must be between 0 and 1, got {min_accept_prob}")
     if nar_iterations < 1:

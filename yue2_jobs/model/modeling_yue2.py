@@ -27,7 +27,6 @@ from transformers.activations import ACT2FN
 from transformers.modeling_outputs import Seq2SeqLMOutput
 from transformers.utils import GENERATION_CONFIG_NAME
 
-from yue2_jobs.model.checkpoint import verify_checkpoint_dir, write_manifest
 from yue2_jobs.model.configuration_yue2 import Yue2Config
 
 POSITION_OFFSET = 2  # BART reserves the first two rows of its position table
@@ -365,8 +364,8 @@ class Yue2PreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], *model_args: Any,
                         **kwargs: Any) -> Any:
-        """Load a local YuE2 checkpoint after verifying its manifest; pickle weights are refused."""
-        verify_checkpoint_dir(pretrained_model_name_or_path)
+        """Load a local YuE2 checkpoint; only safetensors weights (pickle files can run code).
+        `yue2_jobs.model.checkpoint.load_checkpoint` verifies the files before it calls this."""
         kwargs["use_safetensors"] = True
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         if (Path(pretrained_model_name_or_path) / GENERATION_CONFIG_NAME).is_file():
@@ -374,11 +373,10 @@ class Yue2PreTrainedModel(PreTrainedModel):
         return model
 
     def save_pretrained(self, save_directory: str | os.PathLike[str], *args: Any, **kwargs: Any) -> None:
-        """Save as Hugging Face does, add generation_config.json, then write the manifest last."""
+        """Save as Hugging Face does (safetensors) and add generation_config.json."""
         kwargs["safe_serialization"] = True
         super().save_pretrained(save_directory, *args, **kwargs)
         self.generation_config.save_pretrained(save_directory)
-        write_manifest(save_directory)
 
 
 class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
@@ -619,3 +617,15 @@ def shift_tokens_right(labels: torch.Tensor, *, pad_token_id: int, decoder_start
     shifted[:, 1:] = labels[:, :-1]
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def register_auto_classes() -> None:
+    """`yue2` in the transformers Auto classes (config, seq2seq model, tokenizer)."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    AutoConfig.register("yue2", Yue2Config, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(Yue2Config, Yue2ForConditionalGeneration, exist_ok=True)
+    AutoTokenizer.register(Yue2Config, fast_tokenizer_class=PreTrainedTokenizerFast, exist_ok=True)
+
+
+register_auto_classes()  # importing the model file is enough to load its checkpoints with the Auto classes

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from yue2_jobs.model.generation import SamplingParams, first_true, forced_tokens, leading_run, prefill
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
-from yue2_jobs.model.sampling import repetition_controls
+from yue2_jobs.model.sampling import SamplingParams, first_true, forced_tokens, leading_run, repetition_controls
 from yue2_jobs.model.stats import StatsRecorder
 
 
@@ -42,7 +41,7 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
     k, eos, pad = cfg.nar_block_size, cfg.eos_token_id, cfg.pad_token_id
     b, dev = input_ids.shape[0], input_ids.device
     total = 1 + max_new_tokens
-    enc = prefill(model, input_ids, attention_mask)
+    enc = model.encode(input_ids, attention_mask)  # the prefill: encoder once, cross-attention K/V
     canvas = input_ids.new_full((b, total), cfg.unk_token_id)  # (B, T): mask tokens to start from
     canvas[:, 0] = cfg.decoder_start_token_id
     from_nar = torch.zeros(b, total, dtype=torch.bool, device=dev)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 
+from yue2_jobs.model.decoding import DecodingParams
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -60,6 +62,14 @@ def repetition_defaults(gen: GenerationConfig, *, repetition_penalty: float | No
     if no_repeat_ngram_size is None:
         no_repeat_ngram_size = gen.no_repeat_ngram_size or 0
     return {"repetition_penalty": float(repetition_penalty), "no_repeat_ngram_size": int(no_repeat_ngram_size)}
+
+
+def sampling_params(params: DecodingParams, gen: GenerationConfig) -> SamplingParams:
+    """The per-step `SamplingParams` of a request: its sampling, and its repetition controls or,
+    where it leaves them unset, the generation config's."""
+    return SamplingParams(do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k,
+                          top_p=params.top_p, **repetition_defaults(gen, repetition_penalty=params.repetition_penalty,
+                                                                   no_repeat_ngram_size=params.no_repeat_ngram_size))
 
 
 def repetition_controls(logits: torch.Tensor, seq: torch.Tensor, length: torch.Tensor,

@@ -12,9 +12,7 @@ from yue2_jobs.api.routes.enqueue import enqueue_later
 from yue2_jobs.api.views import batch_view, file_view
 from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.errors import LimitExceededError
-from yue2_jobs.jobs import service
-from yue2_jobs.jobs.batches import try_finalize
-from yue2_jobs.jobs.capacity import no_worker_warnings
+from yue2_jobs.jobs import batch_service, service
 
 router = APIRouter(prefix="/v1", tags=["batches"])
 
@@ -59,29 +57,19 @@ class BatchCreate(BaseModel):
 @router.post("/batches")
 def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant: TenantDep,
                  background: BackgroundTasks) -> dict[str, Any]:
-    batch, to_enqueue = service.create_batch(
+    submitted = batch_service.submit(
         session, tenant=tenant, input_file_id=req.input_file_id, endpoint=req.endpoint,
         completion_window=req.completion_window, metadata=req.metadata, settings=state.settings,
         storage=state.storage, experiment_id=req.experiment_id or (req.metadata or {}).get("experiment_id"))
-    enqueue_later(background, state, to_enqueue)
-    if not to_enqueue:  # every line was rejected: nothing will run, so finish it now
-        try_finalize(session, batch_id=batch.id, storage=state.storage)
-        session.refresh(batch)
-    view = batch_view(batch, session)
-    warnings = no_worker_warnings(session, {variant for _, variant in to_enqueue})
-    if warnings:
-        view["warnings"] = warnings
-    return view
+    enqueue_later(background, state, submitted.to_enqueue)
+    return batch_view(submitted)
 
 
 @router.get("/batches/{batch_id}")
 def get_batch(batch_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    return batch_view(service.get_batch(session, tenant=tenant, batch_id=batch_id), session)
+    return batch_view(batch_service.read(session, tenant=tenant, batch_id=batch_id))
 
 
 @router.post("/batches/{batch_id}/cancel")
 def cancel_batch(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    batch = service.cancel_batch(session, tenant=tenant, batch_id=batch_id)
-    if try_finalize(session, batch_id=batch.id, storage=state.storage):  # nothing was running
-        session.refresh(batch)
-    return batch_view(batch, session)
+    return batch_view(batch_service.cancel(session, tenant=tenant, batch_id=batch_id, storage=state.storage))

@@ -13,6 +13,7 @@ from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import ConflictError, NotFoundError
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.capacity import no_worker_warnings
+from yue2_jobs.jobs.keys import file_key
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -56,4 +57,4 @@ def get_job_file(job_id: str, suffix: str, state: StateDep, session: SessionDep,
         raise NotFoundError(f"job {job_id!r} has no {suffix!r} file")
     if job.status != JobStatus.SUCCEEDED or not job.output_key:
         raise ConflictError(f"job {job_id!r} is {job.status}; its files exist once it has succeeded")
-    return Response(state.storage.get(service.file_key(job.output_key, suffix)), media_type=RENDER_TYPES[suffix])
+    return Response(state.storage.get(file_key(job.output_key, suffix)), media_type=RENDER_TYPES[suffix])

@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Any
 
 from yue2_jobs.checkpoints import registry
+from yue2_jobs.cli.common import settings
 
 
 def _context() -> tuple[Any, Any, Any]:
-    from yue2_jobs.cli import _settings
     from yue2_jobs.db.session import session_factory
     from yue2_jobs.storage import storage_from_url
 
-    s = _settings()
+    s = settings()
     store = storage_from_url(s.resolved_checkpoint_store_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)
     return s, session_factory(s.resolved_database_url)(), store
 
@@ -79,7 +79,7 @@ def _rollback(args: argparse.Namespace) -> None:
         print(f"rolled back: {row.variant}@{row.version} is active again")
 
 
-def add_parser(sub: Any) -> None:
+def add_commands(sub: Any) -> None:
     p = sub.add_parser("checkpoints", help="publish, list, validate, activate and roll back checkpoint versions")
     cmds = p.add_subparsers(dest="checkpoints_command", required=True)
     c = cmds.add_parser("publish", help="upload a checkpoint directory as a new staged version (manifest last)")

@@ -61,7 +61,7 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
 def start_worker(env: dict[str, str], *, variant: str, home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists)."""
     ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "yue2_jobs", "worker", "--variant", variant], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=ROOT,
                             env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)
     while not ready.exists():  # the worker imports torch and loads the checkpoint first

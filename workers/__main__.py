@@ -1,0 +1,5 @@
+import sys
+
+from workers.cli import main
+
+sys.exit(main())

@@ -1,0 +1,41 @@
+"""What the `yue2` command groups share: settings, the API client, common options."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import TYPE_CHECKING
+
+from yue2_jobs.core.config import Settings, settings_or_exit
+
+if TYPE_CHECKING:
+    from yue2_jobs.client import Client
+
+
+def settings() -> Settings:
+    return settings_or_exit("yue2")
+
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
+
+
+def client(args: argparse.Namespace) -> Client:
+    from yue2_jobs.client import Client
+
+    key = args.api_key or os.environ.get("YUE2_API_KEY")
+    if not key:
+        raise SystemExit("yue2: no API key: pass --api-key or set YUE2_API_KEY (create one with `yue2 apikey`)")
+    return Client(args.api_url, key)
+
+
+def add_controls(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repetition-penalty", type=float, default=None,
+                   help="HF generate's repetition penalty (default: the checkpoint's generation config)")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=None,
+                   help="ban repeating any n-gram of this size (default: the checkpoint's generation config)")
+
+
+def controls(args: argparse.Namespace) -> dict[str, float | int | None]:
+    return {"repetition_penalty": args.repetition_penalty, "no_repeat_ngram_size": args.no_repeat_ngram_size}

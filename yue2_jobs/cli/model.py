@@ -1,0 +1,98 @@
+"""`yue2 convert-bart | train | eval | summarize`: the model tools (each imports torch when run)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from yue2_jobs.cli.common import add_controls, controls
+from yue2_jobs.model.decoding import MODES
+
+
+def _convert_bart(args: argparse.Namespace) -> None:
+    from yue2_jobs.model.convert import convert_bart_checkpoint
+
+    print(f"wrote {convert_bart_checkpoint(args.src, args.dst)}")
+
+
+def _train(args: argparse.Namespace) -> None:
+    from yue2_jobs.model.train import TrainArgs, train
+
+    train(TrainArgs(**{k: v for k, v in vars(args).items() if k in TrainArgs.__dataclass_fields__}))
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
+
+    rows = []
+    for corpus in args.set:
+        results = [("lead-1", lead_baseline(data_dir=args.data, corpus=corpus, split=args.split, limit=args.limit))]
+        results += [(str(ckpt), evaluate_checkpoint(ckpt, data_dir=args.data, corpus=corpus, split=args.split,
+                                                    limit=args.limit, batch_size=args.batch_size,
+                                                    max_new_tokens=args.max_new_tokens, mode=args.mode,
+                                                    **controls(args)))
+                    for ckpt in args.checkpoint]
+        rows += [{"checkpoint": name, "set": corpus, "split": args.split, "n": r.count, "rouge1": r.rouge1,
+                  "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct, "degenerate": r.degenerate}
+                 for name, r in results]
+    print(f"{'checkpoint':<24} {'set':<8} {'n':>5} {'ROUGE-1':>8} {'ROUGE-2':>8} {'ROUGE-L':>8} {'distinct':>9} "
+          f"{'degenerate':>11}")
+    for row in rows:
+        print(f"{Path(row['checkpoint']).name:<24} {row['set']:<8} {row['n']:>5} "
+              f"{100 * row['rouge1']:>8.2f} {100 * row['rouge2']:>8.2f} {100 * row['rougeL']:>8.2f} "
+              f"{100 * row['distinct']:>8.1f}% {100 * row['degenerate']:>10.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def _summarize(args: argparse.Namespace) -> None:
+    from yue2_jobs.model.checkpoint import load_checkpoint
+    from yue2_jobs.model.evaluate import summarize
+
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    for text, summary in zip(texts, summarize(model, tokenizer, texts, max_new_tokens=args.max_new_tokens,
+                                              mode=args.mode, **controls(args)), strict=True):
+        print(json.dumps({"input": text[:80] + ("…" if len(text) > 80 else ""), "summary": summary},
+                         ensure_ascii=False))
+
+
+def add_commands(sub: Any, *, train_arguments: bool) -> None:
+    """`train_arguments=False` leaves the train command's options out: they come from the training
+    module, which imports torch, and no other command need pay for it."""
+    p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory")
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.set_defaults(func=_convert_bart)
+
+    p = sub.add_parser("train", help="train (or fine-tune with --init) a checkpoint in three stages")
+    if train_arguments:
+        from yue2_jobs.model.train import add_arguments
+
+        add_arguments(p)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval", help="ROUGE-1/2/L and degenerate share of checkpoints (and lead-1) on held-out sets")
+    p.add_argument("checkpoint", nargs="+")
+    p.add_argument("--set", action="append", choices=["general", "legal"], required=True,
+                   help="eval set; repeat for several")
+    p.add_argument("--data", default="data")
+    p.add_argument("--split", default="eval", choices=["eval", "test"], help="held-out split (default eval)")
+    p.add_argument("--limit", type=int, default=None, help="first N rows only")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mode", default="ar", choices=MODES, help="decoding mode (default ar)")
+    p.add_argument("--json", default=None, help="also write the rows here")
+    add_controls(p)
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("summarize", help="summarise texts given as arguments (or one per stdin line)")
+    p.add_argument("checkpoint")
+    p.add_argument("text", nargs="*")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--mode", default="hybrid", choices=MODES, help="decoding mode (default hybrid)")
+    add_controls(p)
+    p.set_defaults(func=_summarize)

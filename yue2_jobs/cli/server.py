@@ -1,0 +1,103 @@
+"""`yue2 migrate | apikey | api | watchdog | flower | reconcile | demo`: the server side (the
+workers have their own program, `yue2-worker`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from yue2_jobs.cli.common import settings
+
+
+def _migrate(args: argparse.Namespace) -> None:
+    from yue2_jobs.db.migrate import upgrade_head
+
+    url = upgrade_head(args.database_url or settings().resolved_database_url)
+    print(f"database at head: {url.split('@')[-1]}")
+
+
+def _apikey(args: argparse.Namespace) -> None:
+    from yue2_jobs.auth import create_api_key
+    from yue2_jobs.db.session import session_factory
+
+    with session_factory(settings().resolved_database_url)() as session:
+        print(create_api_key(session, tenant=args.tenant, name=args.name))
+
+
+def _api(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from yue2_jobs.api.app import create_app
+
+    s = settings()
+    uvicorn.run(create_app(s), host=args.host or s.api_host, port=args.port or s.api_port, log_level="warning")
+
+
+def _watchdog(args: argparse.Namespace) -> None:
+    from yue2_jobs.checkpoints.watchdog import run
+
+    run(settings(), once=args.once)
+
+
+def _flower(args: argparse.Namespace) -> None:
+    s = settings()
+    auth = args.basic_auth or s.flower_basic_auth
+    if not auth or ":" not in auth:
+        raise SystemExit("yue2 flower: basic auth is required: set YUE2_FLOWER_BASIC_AUTH=user:password "
+                         "(or --basic-auth user:password)")
+    from yue2_jobs.queue import make_celery
+
+    app = make_celery(s)
+    # Flower inspects workers with several commands at once, each holding a pooled connection
+    # beside its event receiver: the workers' small pool would leave it waiting forever.
+    app.conf.broker_pool_limit = 32
+    argv = ["flower", f"--port={args.port or s.flower_port}", f"--address={args.address}",
+            f"--basic-auth={auth}", "--persistent=False"]
+    app.start(argv)
+
+
+def _reconcile(args: argparse.Namespace) -> None:
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.jobs.reconciler import reconcile_once
+    from yue2_jobs.queue import make_celery
+    from yue2_jobs.storage import storage_from_url
+
+    s = settings()
+    with session_factory(s.resolved_database_url)() as session:
+        report = reconcile_once(session, settings=s, celery_app=make_celery(s),
+                                storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
+    print(json.dumps(report.__dict__))
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from yue2_jobs.demo import main as demo_main
+
+    demo_main(items=args.items)
+
+
+def add_commands(sub: Any) -> None:
+    p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
+    p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
+    p.set_defaults(func=_migrate)
+    p = sub.add_parser("apikey", help="create an API key for a tenant (printed once)")
+    p.add_argument("--tenant", required=True)
+    p.add_argument("--name", default="")
+    p.set_defaults(func=_apikey)
+    p = sub.add_parser("api", help="serve the HTTP API")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=None)
+    p.set_defaults(func=_api)
+    p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
+    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.set_defaults(func=_watchdog)
+    p = sub.add_parser("flower", help="serve Flower (Celery monitoring) with basic auth")
+    p.add_argument("--port", type=int, default=None, help="default: YUE2_FLOWER_PORT")
+    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--basic-auth", default=None, help="user:password (default: YUE2_FLOWER_BASIC_AUTH)")
+    p.set_defaults(func=_flower)
+    p = sub.add_parser("reconcile", help="run the reconciler once")
+    p.set_defaults(func=_reconcile)
+    p = sub.add_parser("demo", help="the embedded pipeline demo (`make demo`)")
+    p.add_argument("--items", type=int, default=200)
+    p.set_defaults(func=_demo)
