@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo ab-demo test lint bench bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints eval clean
+.PHONY: venv demo ab-demo test test-fast lint bench bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints eval clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ ab-demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The unit tests: no servers, no subprocess workers (about a minute on 2 cores).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check yue2_jobs workers migrations tests benchmarks

@@ -23,16 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from procs import http_up, wait_until  # noqa: E402
 from scratch_db import ScratchDatabase  # noqa: E402
-
-
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.2)
-    return value
 
 
 def main() -> None:
@@ -75,7 +67,7 @@ def main() -> None:
         procs.append(subprocess.Popen([sys.executable, "-m", "yue2_jobs", "api", "--port", str(port)], cwd=ROOT,
                                       env=env, stdout=(home / "api.log").open("wb"), stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: _up(httpx, url + "/healthz"), 60, "the API")
+        wait_until(lambda: http_up(httpx, url + "/healthz"), 60, "the API")
         procs.append(subprocess.Popen([sys.executable, "-m", "workers", "--variant", "legal", "--procs",
                                        str(args.procs)], cwd=ROOT, env=env, stdout=(home / "worker.log").open("wb"),
                                       stderr=subprocess.STDOUT))
@@ -157,12 +149,6 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {out}")
 
-
-def _up(httpx, url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,21 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from procs import http_up, wait_until  # noqa: E402
 from scratch_db import ScratchDatabase  # noqa: E402
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench: timed out waiting for {what}")
-        time.sleep(0.1)
+from yue2_jobs.core.net import free_port  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -128,12 +116,12 @@ def main() -> None:
         procs.append(subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         endpoint = f"http://127.0.0.1:{s3_port}"
-        wait_until(lambda: _up(httpx, endpoint), 30, "moto")
+        wait_until(lambda: http_up(httpx, endpoint), 30, "moto")
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="yue2-bench")
         procs.append(subprocess.Popen([sys.executable, "-m", "yue2_jobs", "api", "--port", str(api_port)], cwd=ROOT,
                                       env=env, stdout=(logs / "api.log").open("wb"), stderr=subprocess.STDOUT))
         url = f"http://127.0.0.1:{api_port}"
-        wait_until(lambda: _up(httpx, url + "/healthz"), 60, "the API")
+        wait_until(lambda: http_up(httpx, url + "/healthz"), 60, "the API")
         # Everything shares this machine's cores; the worker runs at nice 10, as a batch worker placed
         # beside an API should, so that interactive GETs are not queued behind decoding.
         procs.append(subprocess.Popen(["nice", "-n", str(args.worker_nice), sys.executable, "-m", "workers"],
@@ -250,12 +238,6 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out}")
 
-
-def _up(httpx: Any, url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code < 500
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

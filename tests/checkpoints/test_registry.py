@@ -145,6 +145,7 @@ def test_bad_versions_fail_validation_and_the_active_one_stays(env: Any, kind: s
     assert registry.active(session, "base").version == good.version
 
 
+@pytest.mark.slow  # runs the `yue2` command in subprocesses
 def test_cli_publish_activate_list_rollback(tmp_path: Path) -> None:
     env = {**os.environ, "YUE2_HOME": str(tmp_path), "YUE2_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
     env = {k: v for k, v in env.items() if k not in ("YUE2_CHECKPOINT_STORE_URL", "YUE2_CHECKPOINT_CACHE_DIR")}

@@ -130,6 +130,7 @@ def test_every_shipped_character_renders_in_every_style(text: str, style: str) -
     assert r.glyphs == len(text)
 
 
+@pytest.mark.slow  # long model work (make test runs it; make test-fast leaves it out)
 def test_the_fonts_cover_gb2312_and_big5_level_1_in_every_style() -> None:
     hanzi = [c for c in charset() if 0x4E00 <= c <= 0x9FFF]
     assert len(hanzi) == 8836  # GB 2312 (6,763) and Big5 level 1 (5,401) share 3,328

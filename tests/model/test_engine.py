@@ -49,6 +49,7 @@ def base_inputs():
     return model, enc["input_ids"], enc["attention_mask"]
 
 
+@pytest.mark.slow  # long model work (make test runs it; make test-fast leaves it out)
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize(("batch_size", "max_new"), [(1, 48), (3, 48), (16, 48), (16, 1)])
 def test_engine_equals_the_old_loops_on_the_shipped_base(base_inputs, mode, batch_size, max_new):
@@ -65,6 +66,7 @@ def test_engine_equals_the_old_loops_on_a_random_model(tiny_yue2, tiny_config, m
     assert got == GOLDEN[f"tiny/{mode}/b{batch_size}/n20"]
 
 
+@pytest.mark.slow  # long model work (make test runs it; make test-fast leaves it out)
 @pytest.mark.parametrize("sync_every", [1, 3, 64])
 def test_sync_every_changes_nothing_but_when_the_host_looks(base_inputs, sync_every):
     model, ids, mask = base_inputs

@@ -53,6 +53,7 @@ def shipped_inputs(shipped_base):
     return enc["input_ids"], enc["attention_mask"]
 
 
+@pytest.mark.slow  # long model work (make test runs it; make test-fast leaves it out)
 @pytest.mark.parametrize("batch_size", [1, 3, 16])
 def test_hybrid_greedy_equals_ar_on_the_shipped_base(shipped_base, shipped_inputs, batch_size):
     model, _ = shipped_base

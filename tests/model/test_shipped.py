@@ -14,6 +14,8 @@ from yue2_jobs.model.data import read_split
 from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
 from yue2_jobs.model.train import TrainArgs, _encode, input_dependence
 
+pytestmark = pytest.mark.slow  # both shipped checkpoints on their eval sets: long model work
+
 CHECKPOINTS = ("base", "legal")
 EVAL_ROWS = 120
 

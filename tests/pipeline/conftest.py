@@ -10,7 +10,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from yue2_jobs.core.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
@@ -33,12 +34,6 @@ def _unavailable(what: str, exc: BaseException) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: real-service tests must run)")
     pytest.skip(message)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.1) -> Any:

@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 
-from tests.pipeline.conftest import ROOT, free_port, wait_for
+from tests.pipeline.conftest import ROOT, wait_for
 from tests.pipeline.test_e2e import batch_jobs, check_outputs, result_lines, submit, wait_batch, write_batch
+from yue2_jobs.core.net import free_port
 from yue2_jobs.db.models import JobStatus
 
 

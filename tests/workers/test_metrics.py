@@ -6,8 +6,8 @@ from __future__ import annotations
 import socket
 from types import SimpleNamespace
 
-from tests.pipeline.conftest import free_port
 from workers.metrics import WorkerMetrics
+from yue2_jobs.core.net import free_port
 from yue2_jobs.model.continuous import EngineCounters
 
 

@@ -49,11 +49,11 @@ class RougeGate:
                    minimum=settings.validation_min_rouge_l[variant], items=settings.validation_rouge_items)
 
     def check(self, model: Any, tokenizer: Any, directory: Path) -> float:
-        from yue2_jobs.core.config import ROOT
+        from yue2_jobs.core.paths import DATA
         from yue2_jobs.model.data import read_split
         from yue2_jobs.model.evaluate import rouge, summarize
 
-        rows = read_split(ROOT / "data", self.corpus, "eval")[: self.items]
+        rows = read_split(DATA, self.corpus, "eval")[: self.items]
         preds = summarize(model, tokenizer, [r["text"] for r in rows], mode="ar")
         score = 100 * rouge(preds, [r["summary"] for r in rows]).rougeL
         if score < self.minimum:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from yue2_jobs.cli.common import add_controls, controls
+from yue2_jobs.core.paths import DATA
 from yue2_jobs.model.decoding import MODES
 
 
@@ -79,7 +80,7 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
     p.add_argument("checkpoint", nargs="+")
     p.add_argument("--set", action="append", choices=["general", "legal"], required=True,
                    help="eval set; repeat for several")
-    p.add_argument("--data", default="data")
+    p.add_argument("--data", default=str(DATA), help="corpus directory (default: the shipped eval sets)")
     p.add_argument("--split", default="eval", choices=["eval", "test"], help="held-out split (default eval)")
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
     p.add_argument("--batch-size", type=int, default=32)

@@ -18,9 +18,8 @@ from typing import Literal, Self
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from yue2_jobs.core.paths import CHECKPOINTS
 from yue2_jobs.model.decoding import MODES
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Settings(BaseSettings):
@@ -36,7 +35,7 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO or moto; None means AWS.")
     s3_region: str = Field("us-east-1", description="Region the S3 client signs for.")
     checkpoints: dict[str, Path] = Field(
-        default_factory=lambda: {"base": ROOT / "checkpoints" / "base", "legal": ROOT / "checkpoints" / "legal"},
+        default_factory=lambda: {"base": CHECKPOINTS / "base", "legal": CHECKPOINTS / "legal"},
         description="Variant name -> checkpoint directory, as JSON in the environment.",
     )
 

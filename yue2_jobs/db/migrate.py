@@ -1,16 +1,16 @@
-"""`yue2 migrate`: Alembic's `upgrade head` on a URL, with the project's migrations/."""
+"""`yue2 migrate`: Alembic's `upgrade head` on a URL, with the migrations shipped in the package."""
 
 from __future__ import annotations
 
 from alembic import command
 from alembic.config import Config
 
-from yue2_jobs.core.config import ROOT
+from yue2_jobs.core.paths import MIGRATIONS
 
 
 def alembic_config(url: str) -> Config:
-    cfg = Config(str(ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(ROOT / "migrations"))
+    cfg = Config()  # no alembic.ini needed: an installed package has none
+    cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["url"] = url
     return cfg
 

@@ -25,22 +25,20 @@ from typing import Any
 
 from tqdm import tqdm
 
-from yue2_jobs.core.config import ROOT, Settings
+from yue2_jobs.core.config import Settings
+from yue2_jobs.core.paths import DATA
 
 VARIANTS = ("base", "legal")
 SHOWN = 5  # examples printed per variant
 
 
 def _start_api(settings: Settings) -> tuple[object, str]:
-    import socket
-
     import uvicorn
 
     from yue2_jobs.api.app import create_app
+    from yue2_jobs.core.net import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.monotonic() + 30
@@ -61,7 +59,7 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
 def start_worker(env: dict[str, str], *, variant: str, home: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists)."""
     ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=home,
                             env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT)
     while not ready.exists():  # the worker imports torch and loads the checkpoint first
@@ -137,8 +135,8 @@ def main(*, items: int = 200, keep: bool = False) -> None:
         # Each variant on its own domain: base summarises package descriptions and docstrings,
         # legal names the licence a passage comes from.
         half = items // 2
-        rows = [(r, "base") for r in read_split(ROOT / "data", "general", "eval")[: items - half]]
-        rows += [(r, "legal") for r in read_split(ROOT / "data", "legal", "eval")[:half]]
+        rows = [(r, "base") for r in read_split(DATA, "general", "eval")[: items - half]]
+        rows += [(r, "legal") for r in read_split(DATA, "legal", "eval")[:half]]
         batch_file = home / "batch.jsonl"
         batch_file.write_text("".join(json.dumps({"custom_id": f"eval-{i}", "method": "POST", "url": "/v1/summarize",
                                                   "body": {"input": r["text"], "variant": v}},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from yue2_jobs.core.config import ROOT
+from yue2_jobs.core.paths import DATA
 from yue2_jobs.demo import start_embedded, start_worker, stop_worker
 
 VARIANTS = ("base", "legal")
@@ -38,7 +38,7 @@ def main(*, items: int | None, out: Path) -> None:
                                        variants=[{"variant": v} for v in VARIANTS])
         batches = []
         for corpus in CORPORA:
-            rows = read_split(ROOT / "data", corpus, "eval")[:items]
+            rows = read_split(DATA, corpus, "eval")[:items]
             path = home / f"{corpus}.jsonl"
             path.write_text("".join(json.dumps({"custom_id": f"{corpus}-{i}", "method": "POST",
                                                 "url": "/v1/summarize", "body": {"input": r["text"]},

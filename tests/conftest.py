@@ -1,0 +1,19 @@
+"""The `slow` marker: tests that need the servers (Postgres, Redis, moto), start processes
+(workers, the demo, docker compose, a wheel build) or run long model work. `make test-fast`
+leaves them out; `make test` runs everything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SLOW_DIRS = ("pipeline", "benchmarks")  # every test there talks to a server or starts processes
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        rel = Path(str(item.path)).relative_to(tests)
+        if rel.parts[0] in SLOW_DIRS:
+            item.add_marker(pytest.mark.slow)
