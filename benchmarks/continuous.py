@@ -35,10 +35,10 @@ import torch
 from bench_args import ROOT
 from transformers.utils import logging as hf_logging
 
-from workers.runner import resolve_device, resolve_dtype
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
 from yue2_jobs.model.data import read_split
+from yue2_jobs.model.device import resolve_device, resolve_dtype
 from yue2_jobs.model.graphs import capture_for_serving
 
 POLICIES = ("static", "continuous")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from workers.runner import resolve_device, resolve_dtype
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
+from yue2_jobs.model.device import resolve_device, resolve_dtype
 from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape, engine_step
 from yue2_jobs.model.graphs import StepGraphs
 

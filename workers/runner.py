@@ -24,24 +24,10 @@ from yue2_jobs.jobs.params import TEXT_FIELD
 from yue2_jobs.model.checkpoint import directory_version, load_verified
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest, DecodeResult
 from yue2_jobs.model.decoding import DecodingParams
+from yue2_jobs.model.device import resolve_device, resolve_dtype
 from yue2_jobs.model.generation import generate
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`YUE2_DTYPE`: auto is bfloat16 on CUDA (half the bytes per step) and float32 on the CPU,
-    where this machine's bf16 matrix-vector products measured no faster. `hybrid` equals `ar`
-    greedy within one dtype, not across dtypes."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 class ModelRunner:

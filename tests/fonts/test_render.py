@@ -19,7 +19,7 @@ from PIL import Image
 from yue2_jobs.errors import GlyphsMissingError
 from yue2_jobs.fonts.build import charset
 from yue2_jobs.fonts.catalog import STYLES, chain
-from yue2_jobs.fonts.render import RenderParams, _pick, layout, render
+from yue2_jobs.fonts.render import RenderParams, layout, pick_font, render
 
 GOLDEN = Path(__file__).parent / "golden"
 HELLO = "你好，世界 Hello"
@@ -120,7 +120,7 @@ def test_any_text_renders_or_fails_cleanly(text: str, style: str) -> None:
 # Characters of the subsets' charset that at least one shipped font draws (the charset asks for
 # whole blocks; a font may lack a few of their code points).
 SUPPORTED = [chr(c) for c in charset() if unicodedata.category(chr(c)) not in ("Cc", "Cf", "Zs", "Zl", "Zp")
-             and _pick(chr(c), chain("print")) is not None]
+             and pick_font(chr(c), chain("print")) is not None]
 
 
 @settings(max_examples=60, deadline=None)
@@ -136,5 +136,5 @@ def test_the_fonts_cover_gb2312_and_big5_level_1_in_every_style() -> None:
     assert len(hanzi) == 8836  # GB 2312 (6,763) and Big5 level 1 (5,401) share 3,328
     for style in STYLES:
         own = chain(style)[0]
-        drawn = sum(_pick(chr(c), [own]) is not None for c in hanzi)
+        drawn = sum(pick_font(chr(c), [own]) is not None for c in hanzi)
         assert drawn / len(hanzi) > 0.99, (style, drawn, len(hanzi))  # the style's own font, not fallbacks

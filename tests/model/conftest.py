@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -79,3 +80,14 @@ def tiny_yue2(tiny_config: Yue2Config) -> Yue2ForConditionalGeneration:
         model.final_logits_bias.normal_(0, 1.0)
         model.final_logits_bias[0, tiny_config.eos_token_id] = -5.0
     return model
+
+
+def batches_of(ids: torch.Tensor, mask: torch.Tensor, size: int):
+    for i in range(0, ids.shape[0], size):
+        width = int(mask[i : i + size].sum(1).max())  # no all-padding columns, as a tokenizer would give
+        yield ids[i : i + size, :width], mask[i : i + size, :width]
+
+
+def random_inputs(n: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rng = random.Random(seed)
+    return varied_inputs(vocab=vocab, lengths=[rng.randint(2, 30) for _ in range(n)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.model.test_hybrid import _random_inputs
+from tests.model.conftest import random_inputs
 from yue2_jobs.model.auto_mode import ModeChooser, chooser_for
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
 from yue2_jobs.model.generation import generate
@@ -45,7 +45,7 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_generate_auto_gives_the_same_tokens_and_says_which_mode_ran(tiny_yue2, tiny_config):
-    ids, mask = _random_inputs(12, tiny_config.vocab_size, seed=3)
+    ids, mask = random_inputs(12, tiny_config.vocab_size, seed=3)
     ar = generate(tiny_yue2, input_ids=ids, attention_mask=mask, mode="ar", max_new_tokens=12)
     tiny_yue2._yue2_mode_chooser = ModeChooser()  # the shared model's engines may have taught its own one
     ran = set()
@@ -59,7 +59,7 @@ def test_generate_auto_gives_the_same_tokens_and_says_which_mode_ran(tiny_yue2, 
 
 
 def test_the_engine_resolves_auto_at_admission_and_learns_from_its_steps(tiny_yue2, tiny_config):
-    ids, mask = _random_inputs(16, tiny_config.vocab_size, seed=5)
+    ids, mask = random_inputs(16, tiny_config.vocab_size, seed=5)
     inputs = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     chooser = ModeChooser(warmup=1)
     engine = ContinuousBatcher(tiny_yue2, max_rows=4, chooser=chooser, policy="static")

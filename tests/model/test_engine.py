@@ -16,8 +16,7 @@ import json
 import pytest
 import torch
 
-from tests.model.conftest import ROOT
-from tests.model.test_hybrid import _batches, _random_inputs
+from tests.model.conftest import ROOT, batches_of, random_inputs
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
@@ -30,7 +29,7 @@ MODES = {"ar": {"mode": "ar"}, "hybrid": {"mode": "hybrid"},
 
 def _run(model, ids, mask, batch_size: int, max_new: int, **kw) -> list:
     rows = []
-    for b_ids, b_mask in _batches(ids, mask, batch_size):
+    for b_ids, b_mask in batches_of(ids, mask, batch_size):
         # The old loops had no repetition controls; the shipped base turns them on by default.
         out = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new,
                        return_dict_in_generate=True, repetition_penalty=1.0, no_repeat_ngram_size=0, **kw)
@@ -61,7 +60,7 @@ def test_engine_equals_the_old_loops_on_the_shipped_base(base_inputs, mode, batc
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("batch_size", [1, 3, 16])
 def test_engine_equals_the_old_loops_on_a_random_model(tiny_yue2, tiny_config, mode, batch_size):
-    ids, mask = _random_inputs(200, tiny_config.vocab_size, seed=7)
+    ids, mask = random_inputs(200, tiny_config.vocab_size, seed=7)
     got = _run(tiny_yue2, ids, mask, batch_size, 20, **MODES[mode])
     assert got == GOLDEN[f"tiny/{mode}/b{batch_size}/n20"]
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.model.test_hybrid import _random_inputs
+from tests.model.conftest import random_inputs
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
 from yue2_jobs.model.engine import StepShape
 from yue2_jobs.model.generation import generate
-from yue2_jobs.model.graphs import StepGraphs, _graphed, capture_for_serving, captured
+from yue2_jobs.model.graphs import StepGraphs, capture_for_serving, captured, graphed
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def test_capture_makes_one_step_per_bucket_and_shape(tiny_yue2, replaying):
 
 @pytest.mark.parametrize("mode", ["ar", "hybrid"])
 def test_generate_through_the_buckets_equals_eager(tiny_yue2, tiny_config, mode):
-    ids, mask = _random_inputs(40, tiny_config.vocab_size, seed=11)
+    ids, mask = random_inputs(40, tiny_config.vocab_size, seed=11)
     eager = [generate(tiny_yue2, input_ids=ids[i : i + 5], attention_mask=mask[i : i + 5], mode=mode,
                       max_new_tokens=16) for i in range(0, 40, 5)]
     capture_for_serving(tiny_yue2, max_rows=6, use_graphs=False)
@@ -54,7 +54,7 @@ def test_generate_through_the_buckets_equals_eager(tiny_yue2, tiny_config, mode)
 
 
 def test_the_engine_replays_too_and_too_many_rows_step_eagerly(tiny_yue2, tiny_config, replaying):
-    ids, mask = _random_inputs(20, tiny_config.vocab_size, seed=12)
+    ids, mask = random_inputs(20, tiny_config.vocab_size, seed=12)
     inputs = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
     expected = generate(tiny_yue2, input_ids=ids, attention_mask=mask, mode="ar", max_new_tokens=12)
     for max_rows in (4, 9):  # 9 rows exceed the largest bucket (6): those steps run eagerly
@@ -79,12 +79,12 @@ def test_sampling_is_not_captured(tiny_yue2):
 def test_cuda_graph_replay_equals_eager(tiny_yue2, tiny_config):  # pragma: no cover - GPU only
     model = tiny_yue2.to("cuda")
     try:
-        ids, mask = (t.cuda() for t in _random_inputs(8, tiny_config.vocab_size, seed=13))
+        ids, mask = (t.cuda() for t in random_inputs(8, tiny_config.vocab_size, seed=13))
         eager = generate(model, input_ids=ids, attention_mask=mask, mode="hybrid", max_new_tokens=16)
         capture_for_serving(model, max_rows=8)
         assert torch.equal(generate(model, input_ids=ids, attention_mask=mask, mode="hybrid", max_new_tokens=16),
                            eager)
-        assert callable(_graphed)
+        assert callable(graphed)
     finally:
         model._yue2_step_graphs = {}
         tiny_yue2.to("cpu")

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tests.model.conftest import MAX_NEW, ROOT, varied_inputs
+from tests.model.conftest import MAX_NEW, ROOT, batches_of, random_inputs
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import yue2_from_bart
@@ -17,20 +17,9 @@ from yue2_jobs.model.generation import SamplingParams, generate, trim_to_lengths
 from yue2_jobs.model.stats import StatsRecorder
 
 
-def _batches(ids: torch.Tensor, mask: torch.Tensor, size: int):
-    for i in range(0, ids.shape[0], size):
-        width = int(mask[i : i + size].sum(1).max())  # no all-padding columns, as a tokenizer would give
-        yield ids[i : i + size, :width], mask[i : i + size, :width]
-
-
-def _random_inputs(n: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rng = random.Random(seed)
-    return varied_inputs(vocab=vocab, lengths=[rng.randint(2, 30) for _ in range(n)])
-
-
 def _assert_same_as_ar(model, ids, mask, *, batch_size: int, max_new_tokens: int, **kw) -> list:
     stats = []
-    for b_ids, b_mask in _batches(ids, mask, batch_size):
+    for b_ids, b_mask in batches_of(ids, mask, batch_size):
         ar = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new_tokens)
         out = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new_tokens,
                        return_dict_in_generate=True, **kw)
@@ -68,7 +57,7 @@ def test_hybrid_greedy_equals_ar_on_the_shipped_base(shipped_base, shipped_input
 @pytest.mark.parametrize("batch_size", [1, 3, 16])
 @pytest.mark.parametrize("min_accept_prob", [0.0, 0.05, 0.5])
 def test_hybrid_greedy_equals_ar_on_a_random_model(tiny_yue2, tiny_config, batch_size, min_accept_prob):
-    ids, mask = _random_inputs(200, tiny_config.vocab_size, seed=batch_size)
+    ids, mask = random_inputs(200, tiny_config.vocab_size, seed=batch_size)
     _assert_same_as_ar(tiny_yue2, ids, mask, batch_size=batch_size, max_new_tokens=20, mode="hybrid",
                        min_accept_prob=min_accept_prob)
 
@@ -104,7 +93,7 @@ class OracleDrafter:
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 20])
 @pytest.mark.parametrize("corrupt", [0.0, 0.3])
 def test_verification_with_an_oracle_drafter(tiny_yue2, tiny_config, max_new_tokens, corrupt):
-    ids, mask = _random_inputs(24, tiny_config.vocab_size, seed=7)
+    ids, mask = random_inputs(24, tiny_config.vocab_size, seed=7)
     ar = generate(tiny_yue2, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
     for size in (1, 5, 24):
         for start in range(0, 24, size):
@@ -195,7 +184,7 @@ def test_nar_with_enough_iterations_is_ar_greedy(request, model_name, shipped_ba
         ids, mask = shipped_inputs[0][:24], shipped_inputs[1][:24]
     else:
         model = request.getfixturevalue("tiny_yue2")
-        ids, mask = _random_inputs(24, model.config.vocab_size, seed=3)
+        ids, mask = random_inputs(24, model.config.vocab_size, seed=3)
     n = 16
     ar = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n)
     assert torch.equal(generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n, mode="nar",

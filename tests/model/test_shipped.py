@@ -12,7 +12,9 @@ from yue2_jobs.model import Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import load_checkpoint, verify_checkpoint_dir
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
-from yue2_jobs.model.train import TrainArgs, _encode, input_dependence
+from yue2_jobs.model.train import TrainArgs
+from yue2_jobs.model.train_batches import encode_pairs
+from yue2_jobs.model.train_losses import input_dependence
 
 pytestmark = pytest.mark.slow  # both shipped checkpoints on their eval sets: long model work
 
@@ -54,8 +56,8 @@ def test_each_variant_reads_its_input(scores, name, corpus, min_distinct):
     """Guards against the collapse earlier checkpoints had: one memorised answer for every input."""
     model, tokenizer = load_checkpoint(ROOT / "checkpoints" / name)
     rows = read_split(ROOT / "data", corpus, "eval")[:EVAL_ROWS]
-    args = TrainArgs(data="", corpus=corpus, out="")
-    true_loss, swapped_loss = input_dependence(model, _encode(tokenizer, rows, args), torch.device("cpu"))
+    limits = TrainArgs(data="", corpus=corpus, out="").token_limits  # the limits training uses
+    true_loss, swapped_loss = input_dependence(model, encode_pairs(tokenizer, rows, **limits), torch.device("cpu"))
     assert swapped_loss > true_loss + 0.05
     assert scores[name, corpus].distinct >= min_distinct
 

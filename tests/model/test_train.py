@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.model.conftest import ROOT
-from yue2_jobs.model.data import _write_jsonl_gz, read_split
+from yue2_jobs.model.data import read_split, write_jsonl_gz
 from yue2_jobs.model.train import TrainArgs, train
 
 
@@ -17,7 +17,7 @@ from yue2_jobs.model.train import TrainArgs, train
 def small_data(tmp_path_factory):
     root = tmp_path_factory.mktemp("data")
     for split, n in (("train", 48), ("eval", 8)):
-        _write_jsonl_gz(root / "general" / f"{split}.jsonl.gz", read_split(ROOT / "data", "general", split)[:n])
+        write_jsonl_gz(root / "general" / f"{split}.jsonl.gz", read_split(ROOT / "data", "general", split)[:n])
     return root
 
 
@@ -84,23 +84,23 @@ def test_train_command_stops_and_resumes(small_data, tmp_path, capsys):
 
 
 def test_batches_cover_each_epoch_once_and_group_similar_lengths():
-    from yue2_jobs.model.train import _batch_for_step
+    from yue2_jobs.model.train_batches import batch_for_step
 
     lengths = torch.randint(5, 200, (640,), generator=torch.Generator().manual_seed(0)).tolist()
-    epoch = [_batch_for_step(lengths, step, 8, seed=3) for step in range(80)]
+    epoch = [batch_for_step(lengths, step, 8, seed=3) for step in range(80)]
     assert sorted(i for b in epoch for i in b) == list(range(640))
-    assert epoch == [_batch_for_step(lengths, step, 8, seed=3) for step in range(80)]  # a function of the step
-    assert _batch_for_step(lengths, 80, 8, seed=3) != epoch[0]  # the next epoch is another order
+    assert epoch == [batch_for_step(lengths, step, 8, seed=3) for step in range(80)]  # a function of the step
+    assert batch_for_step(lengths, 80, 8, seed=3) != epoch[0]  # the next epoch is another order
     spread = sum(max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in epoch) / len(epoch)
     assert spread < 0.2 * (max(lengths) - min(lengths))
 
 
 def test_ar_batches_mix_in_denoising_at_the_given_share():
-    from yue2_jobs.model.train import _mixed_batch
+    from yue2_jobs.model.train_batches import mixed_batch
 
     pairs = [([i], [i]) for i in range(1000)]
     noisy = [([i], [-i]) for i in range(1000)]
-    batch = _mixed_batch(pairs, noisy, list(range(1000)), share=0.5, seed=0, step=7)
-    assert batch == _mixed_batch(pairs, noisy, list(range(1000)), share=0.5, seed=0, step=7)
+    batch = mixed_batch(pairs, noisy, list(range(1000)), share=0.5, seed=0, step=7)
+    assert batch == mixed_batch(pairs, noisy, list(range(1000)), share=0.5, seed=0, step=7)
     assert 400 < sum(b is noisy[i] for i, b in enumerate(batch)) < 600
-    assert _mixed_batch(pairs, noisy, list(range(10)), share=0.0, seed=0, step=7) == pairs[:10]
+    assert mixed_batch(pairs, noisy, list(range(10)), share=0.0, seed=0, step=7) == pairs[:10]

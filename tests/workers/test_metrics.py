@@ -64,7 +64,7 @@ def test_graph_capture_and_auto_mode_measurements_are_exported() -> None:
 def test_dtype_auto_is_bf16_on_cuda_and_fp32_on_the_cpu() -> None:
     import torch
 
-    from workers.runner import resolve_dtype
+    from yue2_jobs.model.device import resolve_dtype
 
     assert resolve_dtype("auto", torch.device("cuda")) is torch.bfloat16
     assert resolve_dtype("auto", torch.device("cpu")) is torch.float32

@@ -23,33 +23,47 @@ def error_response(status: int, message: str, *, type_: str, param: str | None =
                         status)
 
 
-class HeaderLimitMiddleware:
-    """431 when a request's headers (names and values together) are over the limit."""
+class _HttpMiddleware:
+    """Passes everything but HTTP requests straight through; subclasses handle `http`."""
 
-    def __init__(self, app: ASGIApp, *, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            size = sum(len(k) + len(v) for k, v in scope["headers"])
-            if size > self.limit:
-                await error_response(431, f"request headers are {size:,} bytes, over the limit of {self.limit:,} "
-                                     "bytes", type_="invalid_request_error", param="headers",
-                                     code="limit_exceeded")(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-class BodyLimitMiddleware:
-    """413 for a body over the limit, whether it declares a Content-Length or streams chunks."""
-
-    def __init__(self, app: ASGIApp, *, json_limit: int, file_limit: int) -> None:
-        self.app, self.json_limit, self.file_limit = app, json_limit, file_limit
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.http(scope, receive, send)
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class HeaderLimitMiddleware(_HttpMiddleware):
+    """431 when a request's headers (names and values together) are over the limit."""
+
+    def __init__(self, app: ASGIApp, *, limit: int) -> None:
+        super().__init__(app)
+        self.limit = limit
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        size = sum(len(k) + len(v) for k, v in scope["headers"])
+        if size > self.limit:
+            await error_response(431, f"request headers are {size:,} bytes, over the limit of {self.limit:,} "
+                                 "bytes", type_="invalid_request_error", param="headers",
+                                 code="limit_exceeded")(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class BodyLimitMiddleware(_HttpMiddleware):
+    """413 for a body over the limit, whether it declares a Content-Length or streams chunks."""
+
+    def __init__(self, app: ASGIApp, *, json_limit: int, file_limit: int) -> None:
+        super().__init__(app)
+        self.json_limit, self.file_limit = json_limit, file_limit
+
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         is_file = scope["path"] == "/v1/files"
         limit, field = (self.file_limit, "file") if is_file else (self.json_limit, "request body")
         declared = dict(scope["headers"]).get(b"content-length")
@@ -82,16 +96,14 @@ class _TooLarge(Exception):
     pass
 
 
-class MetricsMiddleware:
+class MetricsMiddleware(_HttpMiddleware):
     """Request counts and latency by route template; plain ASGI (BaseHTTPMiddleware costs ~1 ms)."""
 
     def __init__(self, app: ASGIApp, *, requests: Counter, latency: Histogram) -> None:
-        self.app, self.requests, self.latency = app, requests, latency
+        super().__init__(app)
+        self.requests, self.latency = requests, latency
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         t0 = time.perf_counter()
         status = 500
 

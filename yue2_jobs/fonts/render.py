@@ -94,7 +94,7 @@ def _has_outline(style: str, glyph: str) -> bool:
     return pen.bounds is not None
 
 
-def _pick(ch: str, fonts: list[LoadedFont]) -> tuple[LoadedFont, str] | None:
+def pick_font(ch: str, fonts: list[LoadedFont]) -> tuple[LoadedFont, str] | None:
     """The first font with a real glyph for `ch` (whitespace may be empty: it only advances)."""
     space = ch.isspace()
     for font in fonts:
@@ -130,7 +130,7 @@ def layout(p: RenderParams) -> Layout:
     for ch in dict.fromkeys(p.text):
         if ch == "\n" or unicodedata.category(ch) in ("Cc", "Cf"):
             continue  # line breaks are handled below; controls and format characters draw nothing
-        got = _pick(ch, fonts)
+        got = pick_font(ch, fonts)
         if got is None:
             missing.append(ch)
         else:

@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import hashlib
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from yue2_jobs.core.safe import require_id
 from yue2_jobs.db.models import Experiment, ExperimentMode
-from yue2_jobs.errors import NotFoundError
+from yue2_jobs.db.queries import get_owned
 
 
 def get_experiment(session: Session, *, tenant: str, experiment_id: str) -> Experiment:
-    require_id(experiment_id, what="experiment")
-    exp = session.execute(select(Experiment).where(Experiment.id == experiment_id, Experiment.tenant == tenant)
-                          ).scalar_one_or_none()
-    if exp is None:
-        raise NotFoundError(f"no experiment {experiment_id!r}")
-    return exp
+    return get_owned(session, Experiment, tenant=tenant, row_id=experiment_id, what="experiment")
 
 
 def variant_names(exp: Experiment) -> list[str]:

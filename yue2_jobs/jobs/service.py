@@ -17,6 +17,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.core.ids import new_id
 from yue2_jobs.core.safe import check_text, require_id
 from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
+from yue2_jobs.db.queries import get_owned
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs.assignment import get_experiment, variants_for
@@ -56,11 +57,7 @@ def create_job(session: Session, *, tenant: str, body: Any, settings: Settings, 
 
 
 def get_job(session: Session, *, tenant: str, job_id: str) -> Job:
-    require_id(job_id, what="job")
-    job = session.execute(select(Job).where(Job.id == job_id, Job.tenant == tenant)).scalar_one_or_none()
-    if job is None:
-        raise NotFoundError(f"no job {job_id!r}")
-    return job
+    return get_owned(session, Job, tenant=tenant, row_id=job_id, what="job")
 
 
 def get_job_row(session: Session, *, tenant: str, job_id: str) -> Any:
@@ -101,11 +98,7 @@ def create_file(session: Session, *, tenant: str, filename: str, purpose: str, d
 
 
 def get_file(session: Session, *, tenant: str, file_id: str) -> File:
-    require_id(file_id, what="file")
-    f = session.execute(select(File).where(File.id == file_id, File.tenant == tenant)).scalar_one_or_none()
-    if f is None:
-        raise NotFoundError(f"no file {file_id!r}")
-    return f
+    return get_owned(session, File, tenant=tenant, row_id=file_id, what="file")
 
 
 def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
@@ -166,11 +159,7 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
 
 
 def get_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:
-    require_id(batch_id, what="batch")
-    b = session.execute(select(Batch).where(Batch.id == batch_id, Batch.tenant == tenant)).scalar_one_or_none()
-    if b is None:
-        raise NotFoundError(f"no batch {batch_id!r}")
-    return b
+    return get_owned(session, Batch, tenant=tenant, row_id=batch_id, what="batch")
 
 
 def request_counts(session: Session, batch_id: str) -> dict[str, int]:

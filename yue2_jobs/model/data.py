@@ -66,7 +66,7 @@ def build_corpus(name: str, *, cache: Path, debian_file: Path | None = None) -> 
     return splits
 
 
-def _write_jsonl_gz(path: Path, rows: list[Row]) -> None:
+def write_jsonl_gz(path: Path, rows: list[Row]) -> None:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as gz:
         for row in rows:
@@ -92,7 +92,7 @@ def build_all(data_dir: str | Path, *, cache: str | Path = DEFAULT_CACHE, debian
         splits = build_corpus(name, cache=Path(cache), debian_file=Path(debian_file) if debian_file else None)
         for split, rows in splits.items():
             path = root / name / f"{split}.jsonl.gz"
-            _write_jsonl_gz(path, rows)
+            write_jsonl_gz(path, rows)
             sums[path.relative_to(root).as_posix()] = hashlib.sha256(path.read_bytes()).hexdigest()
             print(f"{name}/{split}: {len(rows)} rows")
     if corpora == CORPORA:

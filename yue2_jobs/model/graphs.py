@@ -72,7 +72,7 @@ class StepGraphs:
                 engine_step(model, rows, enc, caches, layout=layout, shape=shape, span=graphs.t_cache)
 
             graphs.buckets[n] = _Bucket(rows=rows, caches=caches, enc=enc,
-                                        replay=_graphed(step) if use else step)
+                                        replay=graphed(step) if use else step)
         if use:
             torch.cuda.synchronize(dev)
         graphs.capture_s = time.perf_counter() - start
@@ -117,7 +117,7 @@ class StepGraphs:
         return True
 
 
-def _graphed(step: Callable[[], None]) -> Callable[[], None]:
+def graphed(step: Callable[[], None]) -> Callable[[], None]:
     """Capture `step` in a CUDA graph after warm-up runs on a side stream (PyTorch's recipe)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

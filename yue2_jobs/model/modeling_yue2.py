@@ -228,13 +228,19 @@ class Yue2FeedForward(nn.Module):
         return self.fc2(h)
 
 
+def _init_self_attention(layer: nn.Module, config: Yue2Config, heads: int) -> int:
+    """The self-attention sublayer every encoder and decoder layer starts with; returns d_model."""
+    c = config.d_model
+    layer.dropout = config.dropout
+    layer.self_attn = Yue2SelfAttention(c, heads, config.attention_dropout)
+    layer.self_attn_layer_norm = nn.LayerNorm(c)
+    return c
+
+
 class Yue2EncoderLayer(nn.Module):
     def __init__(self, config: Yue2Config) -> None:
         super().__init__()
-        c = config.d_model
-        self.dropout = config.dropout
-        self.self_attn = Yue2SelfAttention(c, config.encoder_attention_heads, config.attention_dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(c)
+        c = _init_self_attention(self, config, config.encoder_attention_heads)
         self.ffn = Yue2FeedForward(c, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
         self.final_layer_norm = nn.LayerNorm(c)
 
@@ -248,10 +254,7 @@ class Yue2DecoderLayer(nn.Module):
 
     def __init__(self, config: Yue2Config) -> None:
         super().__init__()
-        c = config.d_model
-        self.dropout = config.dropout
-        self.self_attn = Yue2SelfAttention(c, config.decoder_attention_heads, config.attention_dropout)
-        self.self_attn_layer_norm = nn.LayerNorm(c)
+        c = _init_self_attention(self, config, config.decoder_attention_heads)
         self.encoder_attn = Yue2CrossAttention(c, config.decoder_attention_heads, config.attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(c)
         self.ffn = Yue2FeedForward(c, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)

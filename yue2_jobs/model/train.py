@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -39,9 +38,11 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import save_checkpoint
 from yue2_jobs.model.data import read_split
+from yue2_jobs.model.device import resolve_device
 from yue2_jobs.model.generation import generate
-from yue2_jobs.model.modeling_yue2 import shift_tokens_right
 from yue2_jobs.model.tokenizer import clean_copy, train_tokenizer
+from yue2_jobs.model.train_batches import batch_for_step, collate, denoising_pairs, encode_pairs, mixed_batch
+from yue2_jobs.model.train_losses import input_dependence, reliability_table, stage_loss
 
 STAGES = ("denoise", "ar", "nar", "confidence")
 
@@ -76,78 +77,13 @@ class TrainArgs:
     threads: int = 0
     stop_after: int = 0  # stop (saving resumable state) after this many steps of this run; 0 = never
 
+    @property
+    def token_limits(self) -> dict[str, int]:
+        return {"max_source_tokens": self.max_source_tokens, "max_target_tokens": self.max_target_tokens}
+
     def identity(self) -> dict[str, object]:
         """The arguments a resumed run must share with the run it continues."""
         return {k: v for k, v in asdict(self).items() if k not in ("stop_after", "threads", "save_every")}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _encode(tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]],
-            args: TrainArgs) -> list[tuple[list[int], list[int]]]:
-    src = tokenizer([r["text"] for r in rows], truncation=True, max_length=args.max_source_tokens)["input_ids"]
-    tgt = tokenizer([r["summary"] for r in rows], truncation=True, max_length=args.max_target_tokens)["input_ids"]
-    return list(zip(src, tgt, strict=True))
-
-
-def _collate(pairs: list[tuple[list[int], list[int]]], pad: int, device: torch.device) -> dict[str, torch.Tensor]:
-    s_len, t_len = max(len(s) for s, _ in pairs), max(len(t) for _, t in pairs)
-    ids = torch.full((len(pairs), s_len), pad, dtype=torch.long)
-    labels = torch.full((len(pairs), t_len), -100, dtype=torch.long)
-    for i, (s, t) in enumerate(pairs):
-        ids[i, : len(s)] = torch.tensor(s)
-        labels[i, : len(t)] = torch.tensor(t)
-    return {"input_ids": ids.to(device), "attention_mask": ids.ne(pad).to(device), "labels": labels.to(device)}
-
-
-def _batch_for_step(lengths: list[int], step: int, batch_size: int, seed: int) -> list[int]:
-    """Indices of the batch at `step`, a function of (seed, step) alone, so resuming is exact.
-
-    Each epoch is a seeded permutation cut into pools of 32 batches; a pool is sorted by
-    input length before it is cut, and the epoch's batches are then shuffled, so a batch
-    holds inputs of similar length and pads little (about 2x faster steps on these corpora).
-    """
-    per_epoch = max(1, len(lengths) // batch_size)
-    epoch, k = divmod(step, per_epoch)
-    order = list(range(len(lengths)))
-    rng = random.Random(seed * 1_000_003 + epoch)
-    rng.shuffle(order)
-    pool = 32 * batch_size
-    batches = []
-    for start in range(0, per_epoch * batch_size, pool):
-        chunk = sorted(order[start : min(start + pool, per_epoch * batch_size)], key=lengths.__getitem__)
-        batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-    rng.shuffle(batches)
-    return batches[k]
-
-
-def _mixed_batch(pairs: list[tuple[list[int], list[int]]], denoising: list[tuple[list[int], list[int]]],
-                 indices: list[int], *, share: float, seed: int, step: int) -> list[tuple[list[int], list[int]]]:
-    """The AR stage's batch: each item is its denoising twin with probability `share`."""
-    rng = random.Random(seed * 1_000_033 + step)
-    return [denoising[i] if rng.random() < share else pairs[i] for i in indices]
-
-
-def _denoising_pairs(pairs: list[tuple[list[int], list[int]]], args: TrainArgs,
-                     config: Yue2Config) -> list[tuple[list[int], list[int]]]:
-    """Reconstruct the opening of each input from a copy with 15% of its tokens masked.
-
-    A tiny model trained on summaries alone learns the target-side language prior and barely
-    reads the encoder; reconstruction first teaches cross-attention to find and copy input
-    tokens, which summarisation then builds on (BART's denoising pretraining, in miniature).
-    """
-    rng = random.Random(args.seed)
-    special = {config.bos_token_id, config.eos_token_id, config.pad_token_id}
-    out = []
-    for src, _ in pairs:
-        noisy = [config.unk_token_id if t not in special and rng.random() < 0.15 else t for t in src]
-        target = src[: args.max_target_tokens - 1]
-        out.append((noisy, target if target[-1] == config.eos_token_id else [*target, config.eos_token_id]))
-    return out
 
 
 def _lr_at(step: int, total: int, args: TrainArgs) -> float:
@@ -186,7 +122,7 @@ def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple
     results: dict[int, list[int]] = {}
     for start in tqdm(range(0, len(order), 64), desc=desc, leave=False):
         idx = order[start : start + 64]
-        batch = _collate([pairs[i] for i in idx], pad, device)
+        batch = collate([pairs[i] for i in idx], pad, device)
         seqs = generate(model, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                         max_new_tokens=args.max_target_tokens, mode="ar")[:, 1:].tolist()
         for i, seq in zip(idx, seqs, strict=True):
@@ -200,102 +136,6 @@ def _distill_subset(pairs: list[tuple[list[int], list[int]]], args: TrainArgs) -
     if not args.distill_rows or args.distill_rows >= len(pairs):
         return pairs
     return random.Random(args.seed).sample(pairs, args.distill_rows)
-
-
-def _nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """For every valid draft slot: draft logits, confidence logits, AR-argmax target, AR log-probs.
-
-    Only slots whose target lies inside the AR sequence are projected to the vocabulary,
-    which is most of the cost of this stage.
-    """
-    cfg, k = model.config, model.config.nar_block_size
-    labels = batch["labels"]  # (B, T): AR greedy sequence, -100 after its EOS
-    t = labels.shape[1]
-    with torch.no_grad():
-        enc = model.encode(batch["input_ids"], batch["attention_mask"])
-        dec_in = shift_tokens_right(labels, pad_token_id=cfg.pad_token_id,
-                                    decoder_start_token_id=cfg.decoder_start_token_id)
-        hidden = model.decode(dec_in, enc)  # (B, T, C)
-        ar_logp = model.lm_logits(hidden).float().log_softmax(-1)  # (B, T, V)
-        next_tok = ar_logp.argmax(-1)  # (B, T): AR choice at each position
-        # Slot j at position t drafts label index t + 1 + j.
-        idx = torch.arange(t, device=labels.device)[:, None] + 1 + torch.arange(k, device=labels.device)  # (T, K)
-        idx_c = idx.clamp(max=t - 1)
-        valid = (idx < t)[None] & (labels[:, idx_c] != -100) & (labels != -100)[:, :, None]  # (B, T, K)
-        # Gather only the valid rows: ar_logp[:, idx_c] would build a (B, T, K, V) tensor.
-        rows, positions, slots = valid.nonzero(as_tuple=True)  # the order of boolean indexing
-        target_logp = ar_logp[rows, idx_c[positions, slots]]  # (N, V)
-    # The NAR cross-attention projections train in stage 2, so they are recomputed with grad.
-    enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_layers]
-    slots = model.draft_hidden(hidden, next_tok, enc)[valid]  # (N, C)
-    draft_logits = model.lm_logits(slots)  # (N, V)
-    return draft_logits, model.confidence_head(slots, draft_logits), target_logp.argmax(-1), target_logp
-
-
-def _stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor], *,
-                label_smoothing: float = 0.0) -> torch.Tensor:
-    if stage in ("denoise", "ar"):
-        logits = model(**batch).logits  # (B, T, V)
-        return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
-                               label_smoothing=label_smoothing if stage == "ar" else 0.0)
-    draft_logits, conf_logits, target, target_logp = _nar_batch(model, batch)
-    if stage == "nar":
-        logp = draft_logits.float().log_softmax(-1)  # (N, V)
-        # Cross-entropy to the AR distribution: KL's gradient without its entropy term's cost.
-        soft = -(target_logp.exp() * logp).sum(-1).mean()
-        return F.nll_loss(logp, target) + 0.5 * soft
-    accepted = (draft_logits.argmax(-1) == target).float()
-    return F.binary_cross_entropy_with_logits(conf_logits, accepted)
-
-
-@torch.no_grad()
-def input_dependence(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
-                     device: torch.device) -> tuple[float, float]:
-    """Teacher-forced loss on `pairs`, and the same loss with each input swapped for the one
-    half the list away (neighbours in an eval split often share a source). Equal losses mean
-    the model ignores its input; the gap is what reading it buys."""
-    n = len(pairs)
-    swapped = [(pairs[(i + n // 2) % n][0], tgt) for i, (_, tgt) in enumerate(pairs)]
-    return _mean_loss(model, pairs, device), _mean_loss(model, swapped, device)
-
-
-def _mean_loss(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
-               device: torch.device) -> float:
-    model.eval()
-    total = 0.0
-    for start in range(0, len(pairs), 64):
-        chunk = pairs[start : start + 64]
-        total += model(**_collate(chunk, model.config.pad_token_id, device)).loss.item() * len(chunk)
-    return total / len(pairs)
-
-
-@torch.no_grad()
-def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
-                      device: torch.device, bins: int = 10) -> str:
-    """Calibration of the confidence head: predicted p(accept) vs observed acceptance, per bin."""
-    model.eval()
-    probs, hits = [], []
-    for start in range(0, len(pairs), 64):
-        batch = _collate(pairs[start : start + 64], model.config.pad_token_id, device)
-        draft_logits, conf_logits, target, _ = _nar_batch(model, batch)
-        probs.append(conf_logits.sigmoid().cpu())
-        hits.append((draft_logits.argmax(-1) == target).float().cpu())
-    p, h = torch.cat(probs), torch.cat(hits)
-    lines = ["  p(accept) bin   count   mean p   accepted", "  -------------   -----   ------   --------"]
-    ece = 0.0
-    for i in range(bins):
-        lo, hi = i / bins, (i + 1) / bins
-        m = (p >= lo) & ((p < hi) if i < bins - 1 else (p <= hi))
-        if m.any():
-            ece += m.sum().item() / len(p) * abs(p[m].mean().item() - h[m].mean().item())
-            lines.append(f"  [{lo:.1f}, {hi:.1f})    {int(m.sum()):6d}   {p[m].mean():.3f}    {h[m].mean():.3f}")
-    thr = model.config.nar_threshold
-    above = p >= thr
-    lines.append(f"  draft tokens: {len(p)}, accepted by AR argmax: {h.mean():.3f}, ECE: {ece:.3f}")
-    if above.any():
-        lines.append(f"  at nar_threshold {thr}: {above.float().mean():.3f} of drafts pass, "
-                     f"{h[above].mean():.3f} of those match the AR argmax")
-    return "\n".join(lines)
 
 
 def _load_or_init(args: TrainArgs, texts: list[str],
@@ -337,7 +177,7 @@ def train(args: TrainArgs) -> Path | None:
     torch.use_deterministic_algorithms(True)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = _device(args.device)
+    device = resolve_device(args.device)
     out = Path(args.out)
     state_dir = out.with_name(out.name + ".train-state")
     train_rows = read_split(args.data, args.corpus, "train")
@@ -346,8 +186,8 @@ def train(args: TrainArgs) -> Path | None:
     model.to(device)
     _set_generation_defaults(model, args)
     tokenizer, done = _resume(state_dir, args, model, tokenizer, device)
-    pairs = _encode(tokenizer, train_rows, args)
-    eval_pairs = _encode(tokenizer, eval_rows, args)
+    pairs = encode_pairs(tokenizer, train_rows, **args.token_limits)
+    eval_pairs = encode_pairs(tokenizer, eval_rows, **args.token_limits)
     steps = {"denoise": args.denoise_steps, "ar": args.ar_steps, "nar": args.nar_steps,
              "confidence": args.confidence_steps}
     budget = args.stop_after or -1
@@ -367,7 +207,8 @@ def train(args: TrainArgs) -> Path | None:
             distilled = distilled or _self_distill_targets(model, _distill_subset(pairs, args), args, device,
                                                            f"{stage}: AR targets")
             data = distilled
-        denoising = _denoising_pairs(pairs, args, model.config) if share else data
+        denoising = (denoising_pairs(pairs, model.config, seed=args.seed, max_target_tokens=args.max_target_tokens)
+                     if share else data)
         lengths = [len(src) for src, _ in data]
         bar = tqdm(range(start, steps[stage]), desc=f"stage {stage}", initial=start, total=steps[stage],
                    mininterval=0.2 if sys.stderr.isatty() else 30.0)
@@ -379,12 +220,12 @@ def train(args: TrainArgs) -> Path | None:
             budget -= 1
             _train_mode(model, stage)
             torch.manual_seed(args.seed * 7919 + STAGES.index(stage) * 1_000_000 + step)
-            indices = _batch_for_step(lengths, step, args.batch_size, args.seed)
-            batch = _collate(_mixed_batch(data, denoising, indices, share=share, seed=args.seed, step=step),
+            indices = batch_for_step(lengths, step, args.batch_size, args.seed)
+            batch = collate(mixed_batch(data, denoising, indices, share=share, seed=args.seed, step=step),
                              model.config.pad_token_id, device)
             for group in opt.param_groups:
                 group["lr"] = _lr_at(step, steps[stage], args)
-            loss = _stage_loss(model, stage, batch, label_smoothing=args.label_smoothing)
+            loss = stage_loss(model, stage, batch, label_smoothing=args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

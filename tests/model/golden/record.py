@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.model.test_hybrid import _batches  # the old tree's copy: identical to this one
+from tests.model.conftest import batches_of
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
@@ -37,7 +37,7 @@ def main(root: Path) -> None:
     for mode, kw in MODES.items():
         for batch_size, max_new in ((1, 48), (3, 48), (16, 48), (16, 1)):
             rows = []
-            for b_ids, b_mask in _batches(ids, mask, batch_size):
+            for b_ids, b_mask in batches_of(ids, mask, batch_size):
                 out = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new,
                                return_dict_in_generate=True, **kw)
                 for seq, st in zip(out.sequences.tolist(), out.stats, strict=True):
