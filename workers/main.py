@@ -84,10 +84,11 @@ def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
 
 
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
+    from workers.context import WorkerContext
     from workers.swap import install as install_swap_commands
     from workers.swap import report as report_status
     from workers.swap import start_swap, swap_request, withdraw
-    from workers.tasks import WorkerContext, register
+    from workers.tasks import register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"

@@ -95,7 +95,7 @@ def _text(value: bytes | str) -> str:
 
 def _torch_gpus(dev: Path = Path("/dev")) -> list[GpuInfo]:
     # No NVIDIA device node (nor WSL's /dev/dxg): no CUDA device torch could see, so the launcher
-    # skips importing torch (about 1.5 s of every worker start on a CPU host).
+    # skips importing torch (seconds of every worker start on a CPU host).
     if not any(dev.glob("nvidia[0-9]*")) and not (dev / "dxg").exists():
         return []
     try:

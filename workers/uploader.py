@@ -1,6 +1,6 @@
 """Output uploads off the decoding thread's GIL, retried through a storage outage.
 
-boto3 spends about 2 ms of Python per PUT; in threads of the worker process that time is taken
+boto3 spends milliseconds of Python per PUT; in threads of the worker process that time is taken
 from the decoding loop (CPU-bound Python op dispatch). For S3 the PUTs run in two spawned helper
 processes with their own client; a local directory needs no such thing and uses threads.
 """

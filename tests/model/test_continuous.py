@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yue2_jobs.model.checkpoint import load_checkpoint
+from tests.shipped import shipped_base
 from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
 from yue2_jobs.model.data import read_split
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def shipped():
-    model, tok = load_checkpoint(ROOT / "checkpoints" / "base")
+    model, tok = shipped_base()
     rows = read_split(ROOT / "data", "general", "eval")[:20]
     ids = tok([r["text"] for r in rows], truncation=True, max_length=128)["input_ids"]
     return model, ids

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.model.conftest import ROOT, batches_of, random_inputs
-from yue2_jobs.model.checkpoint import load_checkpoint
+from tests.shipped import shipped_base
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
 
@@ -41,7 +41,7 @@ def _run(model, ids, mask, batch_size: int, max_new: int, **kw) -> list:
 
 @pytest.fixture(scope="module")
 def base_inputs():
-    model, tok = load_checkpoint(ROOT / "checkpoints" / "base")
+    model, tok = shipped_base()
     texts = [r["text"] for r in read_split(ROOT / "data", "general", "eval")[:160]]
     texts += [r["text"] for r in read_split(ROOT / "data", "legal", "eval")[:48]]
     enc = tok(texts, truncation=True, max_length=128, padding=True, return_tensors="pt")

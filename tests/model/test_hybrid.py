@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.model.conftest import MAX_NEW, ROOT, batches_of, random_inputs
+from tests.shipped import shipped_base as load_shipped_base
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
-from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import yue2_from_bart
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.decode_loop import DraftPolicy, PromptLookupDrafter, decode_batch
@@ -30,7 +30,7 @@ def _assert_same_as_ar(model, ids, mask, *, batch_size: int, max_new_tokens: int
 
 @pytest.fixture(scope="module")
 def shipped_base():
-    return load_checkpoint(ROOT / "checkpoints" / "base")
+    return load_shipped_base()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ from typing import Any
 import boto3
 from sqlalchemy import select
 
-from tests.pipeline.conftest import ROOT, wait_for
+from tests.pipeline.conftest import wait_for
+from tests.shipped import shipped_base
 from yue2_jobs.client import Client
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import session_factory
@@ -20,10 +21,9 @@ from yue2_jobs.db.session import session_factory
 @cache
 def direct_summaries(texts: tuple[str, ...], mode: str = "hybrid") -> dict[str, str]:
     """What calling the model directly gives, without the pipeline."""
-    from yue2_jobs.model.checkpoint import load_checkpoint
     from yue2_jobs.model.evaluate import summarize
 
-    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
+    model, tokenizer = shipped_base()
     unique = sorted(set(texts))
     return dict(zip(unique, summarize(model, tokenizer, unique, mode=mode), strict=True))
 

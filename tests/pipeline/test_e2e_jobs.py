@@ -17,6 +17,7 @@ from tests.pipeline.e2e_helpers import (
     wait_batch,
     write_batch,
 )
+from tests.shipped import shipped_base
 from yue2_jobs.client import Client
 
 
@@ -24,7 +25,6 @@ def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, worke
                                                            ) -> None:
     import torch
 
-    from yue2_jobs.model.checkpoint import load_checkpoint
 
     text = eval_texts[3]
     worker = workers()
@@ -43,7 +43,7 @@ def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, worke
     # Each job records the mode it ran: `auto` resolves to one of the two lossless modes.
     assert (done["ar"]["decoding"]["mode"], done["hybrid"]["decoding"]["mode"]) == ("ar", "hybrid")
     assert done["auto"]["params"]["mode"] == "auto" and done["auto"]["decoding"]["mode"] in ("ar", "hybrid")
-    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
+    model, tokenizer = shipped_base()
     enc = tokenizer([text], truncation=True, max_length=tokenizer.model_max_length, return_tensors="pt")
     with torch.inference_mode():
         seq = model.generate(enc["input_ids"], enc["attention_mask"], yue_mode="ar", do_sample=True, seed=7,
@@ -58,7 +58,6 @@ def test_long_inputs_and_repetition_controls_through_the_pipeline(client: Client
     batch lines: a rejected line fails alone, the others record what happened to their input."""
     import torch
 
-    from yue2_jobs.model.checkpoint import load_checkpoint
 
     long_text = ""
     for text in eval_texts * 4:
@@ -73,7 +72,7 @@ def test_long_inputs_and_repetition_controls_through_the_pipeline(client: Client
                                           "repetition_penalty": 1.3})
     done = {k: wait_for(lambda j=j: (s := client.job(j["id"]))["status"] in ("succeeded", "failed") and s,
                         timeout=300, what=f"{k} job") for k, j in jobs.items()}
-    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
+    model, tokenizer = shipped_base()
     limit, n_tokens = tokenizer.model_max_length, len(tokenizer(long_text, verbose=False)["input_ids"])
     assert done["default"]["status"] == "succeeded" and done["default"]["params"]["long_input"] == "truncate"
     assert done["default"]["input_truncated"] is True

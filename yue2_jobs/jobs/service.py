@@ -21,6 +21,7 @@ from yue2_jobs.db.queries import get_owned
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs.assignment import get_experiment, variants_for
+from yue2_jobs.jobs.capacity import no_worker_warnings
 from yue2_jobs.jobs.keys import line_ref, own_input_key, upload_key
 from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS, parse_batch_file
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
@@ -54,6 +55,13 @@ def create_job(session: Session, *, tenant: str, body: Any, settings: Settings, 
             raise
     session.commit()
     return session.get_one(Job, row["id"])
+
+
+def submit_job(session: Session, *, tenant: str, body: Any, settings: Settings, storage: Storage
+               ) -> tuple[Job, list[str]]:
+    """POST /v1/jobs: the job (committed; the caller publishes it) and warnings for its caller."""
+    job = create_job(session, tenant=tenant, body=body, settings=settings, storage=storage)
+    return job, no_worker_warnings(session, [job.variant])
 
 
 def get_job(session: Session, *, tenant: str, job_id: str) -> Job:

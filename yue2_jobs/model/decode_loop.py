@@ -22,10 +22,9 @@ from yue2_jobs.model.stats import StatsRecorder
 
 LOOKUP_NGRAM = 3  # longest n-gram prompt lookup matches (it falls back to shorter ones)
 # Steps between host reads of the finished flags, by device type. On the CPU a read costs nothing
-# (no queue to drain) while every step past a batch's end costs a full step, so 1 is fastest:
-# `benchmarks/decode.py --sync-every 1` / `4` on base, 2 cores: batch 1 ar 1,192 / 1,064 tok/s and
-# hybrid 952 / 815; batch 8 within noise (2,744 / 2,819 and 1,827 / 1,857). On a GPU each read waits
-# for the queued steps; 4 wastes at most 3 steps per batch (not measured yet: no GPU).
+# (no queue to drain) while every step past a batch's end costs a full step, so 1 is fastest (the
+# README's "The decode engine" has the `benchmarks/decode.py --sync-every` figures). On a GPU each
+# read waits for the queued steps; 4 wastes at most 3 steps per batch.
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 
 

@@ -12,7 +12,6 @@ from yue2_jobs.api.views import dumps, job_view
 from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import ConflictError, NotFoundError
 from yue2_jobs.jobs import service
-from yue2_jobs.jobs.capacity import no_worker_warnings
 from yue2_jobs.jobs.keys import file_key
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -21,10 +20,10 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 @router.post("", status_code=201)
 def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, background: BackgroundTasks,
                body: Annotated[Any, Body()]) -> dict[str, Any]:
-    job = service.create_job(session, tenant=tenant, body=body, settings=state.settings, storage=state.storage)
+    job, warnings = service.submit_job(session, tenant=tenant, body=body, settings=state.settings,
+                                       storage=state.storage)
     enqueue_later(background, state, [(job.id, job.variant)])
     view = job_view(job, storage=state.storage, presign_expiry_s=state.settings.presign_expiry_s)
-    warnings = no_worker_warnings(session, [job.variant])
     if warnings:
         view["warnings"] = warnings
     return view
