@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from yue2_jobs.db.models import Batch, Experiment, ExperimentMode, Job, JobStatus
-from yue2_jobs.jobs.assignment import variant_names
+from yue2_jobs.jobs.assignment import get_experiment, variant_names
 from yue2_jobs.jobs.outputs import read_text
 from yue2_jobs.rouge import pair_scores
 from yue2_jobs.storage import Storage
@@ -190,3 +190,10 @@ def build_report(session: Session, exp: Experiment, storage: Storage) -> dict[st
     return {"object": "yue2.experiment.report", "experiment_id": exp.id, "name": exp.name, "mode": exp.mode,
             "control": variants[0], "variants": exp.arms["variants"], "confidence": 0.95, "bootstrap": N_BOOT,
             "finished_jobs": len(records), "segments": segments}
+
+
+def tenant_report(sessions: sessionmaker[Session], storage: Storage, *, tenant: str,
+                  experiment_id: str) -> dict[str, Any]:
+    """One call for the route: the tenant's experiment (404 if not theirs), then its report."""
+    with sessions() as session:
+        return build_report(session, get_experiment(session, tenant=tenant, experiment_id=experiment_id), storage)

@@ -12,7 +12,7 @@ from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.views import experiment_view
 from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.experiments import service
-from yue2_jobs.experiments.report import build_report
+from yue2_jobs.experiments.report import tenant_report
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 
@@ -48,12 +48,9 @@ def get_experiment(experiment_id: str, session: SessionDep, tenant: TenantDep) -
 @router.get("/{experiment_id}/report", response_model=None)
 async def get_report(experiment_id: str, state: StateDep, tenant: TenantDep,
                      format: Literal["json", "html"] = "json") -> dict[str, Any] | Response:
-    def build() -> dict[str, Any]:
-        with state.sessions() as session:
-            exp = service.get_experiment(session, tenant=tenant, experiment_id=experiment_id)
-            return build_report(session, exp, state.storage)
-
-    report = await run_in_threadpool(build)  # ROUGE and the bootstrap take a moment: off the event loop
+    # ROUGE and the bootstrap take a moment: off the event loop
+    report = await run_in_threadpool(tenant_report, state.sessions, state.storage, tenant=tenant,
+                                     experiment_id=experiment_id)
     if format == "html":
         from yue2_jobs.experiments.html import render_html
 
