@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from yue2_jobs.core.config import get_settings
+from yue2_jobs.db import models_api  # noqa: F401  (registers its tables on Base.metadata)
 from yue2_jobs.db.models import Base
 from yue2_jobs.db.session import make_engine
 

@@ -24,6 +24,7 @@ from yue2_jobs.jobs.reconciler import reconcile_once
 from yue2_jobs.jobs.state import renew_leases
 from yue2_jobs.queue import make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
+from yue2_jobs.webhooks.delivery import deliver_due
 
 log = logging.getLogger("yue2.worker")
 REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this old (a swap reports at once)
@@ -67,6 +68,17 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
     thread = threading.Thread(target=loop, name=what, daemon=True)
     thread.start()
     return thread
+
+
+def _housekeeping(settings: Settings, *, sessions: Any, storage: Any, app: Any, stop: threading.Event) -> None:
+    """The reconciler (one pass at a time across workers) and the webhook sender, each a thread."""
+
+    def reconcile() -> None:
+        with sessions() as session:
+            reconcile_once(session, settings=settings, celery_app=app, storage=storage)
+
+    _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
+    _every(settings.webhook_poll_s, stop, lambda: deliver_due(sessions, settings=settings), "webhooks")
 
 
 def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
@@ -135,10 +147,6 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         ctx.metrics.sample_gpu()
         ctx.metrics.sample_modes(ctx.runner)
 
-    def reconcile() -> None:
-        with sessions() as session:
-            reconcile_once(session, settings=settings, celery_app=app, storage=storage)
-
     if settings.worker_ready_file is not None:
         from celery.signals import worker_ready
 
@@ -152,7 +160,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     _every(5.0, stop, sample, "metrics-sampler")
     threading.Thread(target=report_loop, name="status-report", daemon=True).start()
     if reconcile:
-        _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
+        _housekeeping(settings, sessions=sessions, storage=storage, app=app, stop=stop)
     try:
         app.worker_main(["worker", "--pool", "solo", "--queues", queue_for(variant), "--hostname", node,
                          "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--task-events"])

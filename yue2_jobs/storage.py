@@ -23,6 +23,7 @@ class Storage(Protocol):
     def get_range(self, key: str, start: int, end: int) -> bytes: ...
     def url(self, key: str, *, expires_s: int) -> str | None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
+    def delete(self, key: str) -> None: ...
 
 
 class LocalStorage:
@@ -63,6 +64,10 @@ class LocalStorage:
 
     def url(self, key: str, *, expires_s: int) -> str | None:
         return self._path(key).as_uri()
+
+    def delete(self, key: str) -> None:
+        """Remove `key`; a key already gone is not an error (a retried delete)."""
+        self._path(key).unlink(missing_ok=True)
 
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like prefix ending in /), sorted; in-flight temporaries excluded."""
@@ -124,6 +129,9 @@ class S3Storage:
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s)
 
+    def delete(self, key: str) -> None:
+        with _translate_boto(key):  # S3 answers 204 for a key already gone
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []

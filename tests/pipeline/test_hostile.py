@@ -97,7 +97,7 @@ def test_a_long_or_nul_filename_is_refused_before_anything_is_stored(app: Any, k
     # httpx escapes a NUL in a multipart filename; another client may not, so the service checks it too.
     from yue2_jobs.db.session import session_factory
     from yue2_jobs.errors import InvalidRequestError
-    from yue2_jobs.jobs.service import create_file
+    from yue2_jobs.jobs.files import create_file
     from yue2_jobs.storage import storage_from_url
 
     settings = app[0]

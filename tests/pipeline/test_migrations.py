@@ -11,11 +11,12 @@ from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, inspect
 
 from tests.pipeline.conftest import temporary_pg_database
+from yue2_jobs.db import models_api  # noqa: F401  (its tables are part of Base.metadata)
 from yue2_jobs.db.migrate import alembic_config, upgrade_head
 from yue2_jobs.db.models import Base
 
 TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "experiments", "files", "jobs",
-          "worker_processes"}
+          "worker_processes", "idempotency_keys", "webhook_endpoints", "webhook_deliveries"}
 
 
 def check_round_trip(url: str) -> None:

@@ -22,7 +22,7 @@ from yue2_jobs.db.migrate import upgrade_head
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.errors import StorageError, StorageUnavailableError
-from yue2_jobs.jobs import service
+from yue2_jobs.jobs import files, service
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.state import claim_jobs
 from yue2_jobs.storage import LocalStorage
@@ -161,7 +161,7 @@ def test_a_failed_finalization_is_handed_back_at_once(pipeline: Any, tmp_path: P
     settings, sessions = pipeline
     storage = FlakyStorage(tmp_path / "s", down=0)
     with sessions() as session:
-        f = service.create_file(session, tenant="t", filename="in.jsonl", purpose="batch", storage=storage,
+        f = files.create_file(session, tenant="t", filename="in.jsonl", purpose="batch", storage=storage,
                                 data=b'{"custom_id": "a", "body": {"input": "x"}}\n{"custom_id": "b", "body": {}}\n')
         batch, _ = service.create_batch(session, tenant="t", input_file_id=f.id, endpoint="/v1/summarize",
                                         completion_window="24h", metadata=None, settings=settings, storage=storage)

@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from yue2_jobs.api.deps import AppState
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
-from yue2_jobs.api.routes import batches, experiments, jobs
+from yue2_jobs.api.revocations import start_listener
+from yue2_jobs.api.routes import batches, console, experiments, files, jobs, webhooks
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import MAX_JSON_DEPTH
 from yue2_jobs.db.models import Job
@@ -145,7 +146,9 @@ def create_app(settings: Settings) -> FastAPI:
                 jobs_by_status.labels(status).set(n)
         return PlainTextResponse(generate_latest(registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(jobs.router)
-    app.include_router(batches.router)
-    app.include_router(experiments.router)
+    for routes in (jobs, files, batches, experiments, console):
+        app.include_router(routes.router)
+    app.include_router(webhooks.router, prefix="/v1/webhooks")
+    app.include_router(webhooks.router, prefix="/v1/webhook_endpoints", include_in_schema=False)
+    start_listener(settings.broker_url)  # revoked API keys leave this process's cache within a second
     return app

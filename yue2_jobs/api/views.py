@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from yue2_jobs.db.models import Experiment, File, Job, JobStatus
+from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.jobs.batch_service import BatchState
 from yue2_jobs.jobs.keys import file_key
 from yue2_jobs.jobs.outputs import usage
@@ -57,14 +58,38 @@ def batch_view(state: BatchState) -> dict[str, Any]:
         "completion_window": b.completion_window, "status": b.status, "output_file_id": b.output_file_id,
         "error_file_id": b.error_file_id, "created_at": ts(b.created_at), "in_progress_at": ts(b.in_progress_at),
         "expires_at": ts(b.expires_at), "finalizing_at": ts(b.finalizing_at), "completed_at": ts(b.completed_at),
-        "failed_at": ts(b.failed_at), "expired_at": None, "cancelling_at": ts(b.cancelling_at),
+        "failed_at": ts(b.failed_at), "expired_at": ts(b.expired_at), "cancelling_at": ts(b.cancelling_at),
         "cancelled_at": ts(b.cancelled_at),
-        "request_counts": {"total": counts["total"], "completed": counts["completed"], "failed": counts["failed"]},
+        # An expired batch's unrun lines are in its error file: they count as failed, so the counts add up.
+        "request_counts": {"total": counts["total"], "completed": counts["completed"],
+                           "failed": counts["failed"] + (counts["cancelled"] if b.expired_at else 0)},
         "metadata": b.metadata_, "experiment_id": b.experiment_id,
     }
     if state.warnings:
         view["warnings"] = state.warnings
     return view
+
+
+def list_view(data: list[dict[str, Any]], *, has_more: bool) -> dict[str, Any]:
+    """OpenAI's list object."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def webhook_view(endpoint: WebhookEndpoint, *, with_secret: bool = False) -> dict[str, Any]:
+    view = {"id": endpoint.id, "object": "webhook_endpoint", "url": endpoint.url, "events": endpoint.events,
+            "event_types": endpoint.events, "description": endpoint.description, "name": endpoint.description,
+            "created_at": ts(endpoint.created_at), "signing_secret_hint": endpoint.secret[:10] + "..."}
+    if with_secret:  # only in the answer to its creation; `signing_secret` is the openai client's name
+        view["secret"] = view["signing_secret"] = endpoint.secret
+    return view
+
+
+def delivery_view(d: WebhookDelivery) -> dict[str, Any]:
+    return {"id": d.id, "object": "webhook_delivery", "webhook_id": d.event_id, "event_type": d.event_type,
+            "status": d.status, "attempts": d.attempts, "next_attempt_at": ts(d.next_attempt_at),
+            "delivered_at": ts(d.delivered_at), "created_at": ts(d.created_at), "log": d.attempt_log,
+            "payload": d.payload}
 
 
 def dumps(obj: Any) -> bytes:

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from yue2_jobs.cli import ab, checkpoints, jobs, model, server
+from yue2_jobs.cli import ab, apikeys, checkpoints, jobs, model, server
 from yue2_jobs.errors import Yue2Error
 
 
@@ -18,6 +18,7 @@ def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
     checkpoints.add_commands(sub)
     ab.add_commands(sub)
     server.add_commands(sub)
+    apikeys.add_commands(sub)
     jobs.add_commands(sub)
     model.add_commands(sub, train_arguments=train_arguments)
     return parser

@@ -1,4 +1,4 @@
-"""`yue2 migrate | apikey | api | watchdog | flower | reconcile | demo`: the server side (the
+"""`yue2 migrate | api | watchdog | flower | reconcile | demo`: the server side (the
 workers have their own program, `yue2-worker`)."""
 
 from __future__ import annotations
@@ -15,14 +15,6 @@ def _migrate(args: argparse.Namespace) -> None:
 
     url = upgrade_head(args.database_url or settings().resolved_database_url)
     print(f"database at head: {url.split('@')[-1]}")
-
-
-def _apikey(args: argparse.Namespace) -> None:
-    from yue2_jobs.auth import create_api_key
-    from yue2_jobs.db.session import session_factory
-
-    with session_factory(settings().resolved_database_url)() as session:
-        print(create_api_key(session, tenant=args.tenant, name=args.name))
 
 
 def _api(args: argparse.Namespace) -> None:
@@ -62,12 +54,14 @@ def _reconcile(args: argparse.Namespace) -> None:
     from yue2_jobs.jobs.reconciler import reconcile_once
     from yue2_jobs.queue import make_celery
     from yue2_jobs.storage import storage_from_url
+    from yue2_jobs.webhooks.delivery import deliver_due
 
     s = settings()
     with session_factory(s.resolved_database_url)() as session:
         report = reconcile_once(session, settings=s, celery_app=make_celery(s),
                                 storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
-    print(json.dumps(report.__dict__))
+    sent = deliver_due(session_factory(s.resolved_database_url), settings=s)
+    print(json.dumps({**report.__dict__, "webhook_attempts": sent}))
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -80,10 +74,6 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
     p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
     p.set_defaults(func=_migrate)
-    p = sub.add_parser("apikey", help="create an API key for a tenant (printed once)")
-    p.add_argument("--tenant", required=True)
-    p.add_argument("--name", default="")
-    p.set_defaults(func=_apikey)
     p = sub.add_parser("api", help="serve the HTTP API")
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=None)

@@ -129,6 +129,17 @@ class Settings(BaseSettings):
     metrics_token: str | None = Field(None, min_length=16, description="Bearer token the API's /metrics requires "
                                       "(its job counts span every tenant); unset, /metrics is off.")
 
+    # --- webhooks (Standard Webhooks; the default schedule is theirs: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h)
+    webhook_allow_private: bool = Field(False, description="Allow webhook URLs on private, loopback and "
+                                        "link-local addresses (off: such URLs are refused, against SSRF).")
+    webhook_max_endpoints: int = Field(16, ge=1, le=1000, description="Most webhook endpoints per tenant.")
+    webhook_timeout_s: float = Field(10.0, gt=0, le=60, description="How long one delivery attempt may take.")
+    webhook_retry_s: list[float] = Field(
+        default_factory=lambda: [5.0, 300.0, 1800.0, 7200.0, 18000.0, 36000.0, 36000.0],
+        description="Waits before each retry of a failed delivery, as JSON; the last one repeats.")
+    webhook_max_age_s: float = Field(86400.0, gt=0, description="A delivery is given up this long after its event.")
+    webhook_poll_s: float = Field(2.0, gt=0, description="How often a worker sends due webhook deliveries.")
+
     @model_validator(mode="after")
     def _check(self) -> Self:
         if self.default_variant not in self.checkpoints:

@@ -55,10 +55,13 @@ class ApiKey(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    expires_at: Mapped[datetime | None]
+    prefix: Mapped[str | None] = mapped_column(String(16))  # the secret's first characters, for `apikey list`
 
 
 class File(Base):
     __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created", "tenant", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
@@ -67,10 +70,12 @@ class File(Base):
     bytes: Mapped[int] = mapped_column(Integer)
     storage_key: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]  # DELETE /v1/files: the object is gone, the row stays for its batches
 
 
 class Batch(Base):
     __tablename__ = "batches"
+    __table_args__ = (Index("ix_batches_tenant_created", "tenant", "created_at"),)
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant: Mapped[str] = mapped_column(String(64), index=True)
@@ -91,6 +96,7 @@ class Batch(Base):
     cancelling_at: Mapped[datetime | None]
     cancelled_at: Mapped[datetime | None]
     expires_at: Mapped[datetime | None]
+    expired_at: Mapped[datetime | None]  # the reconciler found it unfinished at expires_at
     experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
 
 

@@ -1,20 +1,28 @@
-"""The batch actions of the API, one function each: submit, read, cancel. Each returns the batch
-with its request counts (and, for a submit, what to enqueue and any warnings), so a route only
-renders what it gets."""
+"""The batch actions of the API, one function each: submit, read, list, cancel, retry the failed
+lines. Each returns the batch with its request counts (and, for a submit, what to enqueue and
+any warnings), so a route only renders what it gets."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
-from yue2_jobs.db.models import Batch
+from yue2_jobs.db.listing import page
+from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
+from yue2_jobs.errors import ConflictError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.capacity import no_worker_warnings
+from yue2_jobs.jobs.files import create_file, get_file
+from yue2_jobs.jobs.lines import parse_batch_file
 from yue2_jobs.storage import Storage
+
+ENDED = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.FAILED)
+MAX_METADATA_PAIRS = 16
 
 
 @dataclass
@@ -47,9 +55,53 @@ def read(session: Session, *, tenant: str, batch_id: str) -> BatchState:
     return _state(session, service.get_batch(session, tenant=tenant, batch_id=batch_id))
 
 
+def list_batches(session: Session, *, tenant: str, limit: int, after: str | None) -> tuple[list[BatchState], bool]:
+    """A page of the tenant's batches, newest first, and whether more follow."""
+    found = page(session, Batch, tenant=tenant, limit=limit, after=after)
+    counts = service.request_counts_of(session, [b.id for b in found.rows])
+    return [BatchState(batch=b, counts=counts[b.id]) for b in found.rows], found.has_more
+
+
 def cancel(session: Session, *, tenant: str, batch_id: str, storage: Storage) -> BatchState:
     """Cancel the batch's queued jobs; when none is running, its files are written now."""
     batch = service.cancel_batch(session, tenant=tenant, batch_id=batch_id)
     if try_finalize(session, batch_id=batch.id, storage=storage):
         session.refresh(batch)
     return _state(session, batch)
+
+
+def _failed_custom_ids(session: Session, batch_id: str) -> set[str]:
+    """custom_ids of the lines that failed or expired (an expired line is a cancelled job coded `batch_expired`)."""
+    rows = session.execute(select(Job.custom_id, Job.status, Job.error).where(
+        Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))).all()
+    return {c for c, status, error in rows if c is not None and (
+        status == JobStatus.FAILED or (error or {}).get("code") == "batch_expired")}
+
+
+def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Settings, storage: Storage) -> BatchState:
+    """A new batch of the ended batch's failed and expired lines: the same lines byte for byte (so the
+    same bodies and custom_ids), under the same endpoint and experiment, with `metadata.retry_of`."""
+    original = service.get_batch(session, tenant=tenant, batch_id=batch_id)
+    if original.status not in ENDED:
+        raise ConflictError(f"batch {batch_id!r} is {original.status}; retry its failed lines once it has ended")
+    wanted = _failed_custom_ids(session, original.id)
+    if not wanted:
+        raise ConflictError(f"batch {batch_id!r} has no failed or expired lines to retry")
+    try:
+        source = get_file(session, tenant=tenant, file_id=original.input_file_id)
+    except NotFoundError:
+        raise ConflictError(f"the input file {original.input_file_id!r} of batch {batch_id!r} was deleted; "
+                            f"upload the lines again") from None
+    data = storage.get(source.storage_key)
+    lines = [data[ln.span[0]:ln.span[1]].rstrip(b"\r\n") for ln in parse_batch_file(
+        data, endpoint=original.endpoint, settings=settings, in_experiment=original.experiment_id is not None)
+        if ln.custom_id in wanted]
+    metadata = {**(original.metadata_ or {}), "retry_of": original.id}
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise LimitExceededError(field="metadata", limit=MAX_METADATA_PAIRS, actual=len(metadata),
+                                 unit="pairs (the original's and retry_of)", status=400)
+    f = create_file(session, tenant=tenant, filename=f"{original.id}_retry.jsonl", purpose="batch",
+                    data=b"\n".join(lines) + b"\n", storage=storage)
+    return submit(session, tenant=tenant, input_file_id=f.id, endpoint=original.endpoint,
+                  completion_window=original.completion_window, metadata=metadata,
+                  experiment_id=original.experiment_id, settings=settings, storage=storage)

@@ -19,6 +19,7 @@ from yue2_jobs.db.session import utcnow
 from yue2_jobs.jobs.keys import batch_result_file_id, batch_result_key
 from yue2_jobs.jobs.outputs import facts_of, output_body, read_body, read_text
 from yue2_jobs.storage import Storage
+from yue2_jobs.webhooks.events import emit
 
 
 def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
@@ -58,14 +59,16 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
         update(Batch).where(Batch.id == batch_id, starting, ~_unfinished(batch_id))
         .values(finalizing_at=now,
                 status=_case_status())
-        .returning(Batch.id, Batch.tenant, Batch.status)
+        .returning(Batch.id, Batch.tenant, Batch.status, Batch.expired_at)
     ).one_or_none()
     session.commit()
     if claimed is None:
         return False
-    _, tenant, status = claimed
+    _, tenant, status, expired_at = claimed
+    final = (BatchStatus.EXPIRED if expired_at is not None
+             else BatchStatus.CANCELLED if status == BatchStatus.CANCELLING else BatchStatus.COMPLETED)
     try:
-        _write_files(session, batch_id=batch_id, tenant=tenant, status=status, storage=storage)
+        _write_files(session, batch_id=batch_id, tenant=tenant, final=final, storage=storage)
     except BaseException:
         # Storage or the database failed part-way: hand the finalization back at once (the next
         # reconciler pass redoes it) rather than leave it to go stale. The files are rewritten whole.
@@ -80,7 +83,7 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
     return True
 
 
-def _write_files(session: Session, *, batch_id: str, tenant: str, status: str, storage: Storage) -> None:
+def _write_files(session: Session, *, batch_id: str, tenant: str, final: BatchStatus, storage: Storage) -> None:
     ok_lines, err_lines = [], []
     for job in session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)).scalars():
         ok, line = _result_line(job, storage)
@@ -98,11 +101,11 @@ def _write_files(session: Session, *, batch_id: str, tenant: str, status: str, s
                              "batch_error", filename=f"{batch_id}_{name}.jsonl", bytes=len(data), storage_key=key,
                              created_at=utcnow()))
         files[column] = file_id
-    done_at = utcnow()
-    final = BatchStatus.CANCELLED if status == BatchStatus.CANCELLING else BatchStatus.COMPLETED
+    done_at = {BatchStatus.CANCELLED: "cancelled_at", BatchStatus.COMPLETED: "completed_at"}.get(final)
     session.execute(update(Batch).where(Batch.id == batch_id).values(
-        status=final, **files, **({"cancelled_at": done_at} if final == BatchStatus.CANCELLED
-                                  else {"completed_at": done_at})))
+        status=final, **files, **({done_at: utcnow()} if done_at else {})))
+    # In the transaction of the final status: the event exists exactly when the status does.
+    emit(session, tenant=tenant, event_type=f"batch.{final}", object_id=batch_id)
     session.commit()
 
 

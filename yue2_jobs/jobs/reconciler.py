@@ -4,7 +4,9 @@
   the API died between commit and publish) is published again.
 - A `running` job whose lease ran out (its worker died) is published again, or failed once it has
   used its `max_attempts`.
+- A batch past its `expires_at` is expired (`yue2_jobs.jobs.expiry`).
 - A batch whose jobs are all finished is finalized; a finalization whose writer died is redone.
+- Idempotency keys past their 24 h are dropped.
 
 Publishing twice is harmless: a worker only runs a job it can claim (see `state`).
 """
@@ -16,15 +18,17 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from celery import Celery
-from sqlalchemy import or_, select, text
+from sqlalchemy import delete, or_, select, text
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.retry import transient
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
+from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs.batches import try_finalize
+from yue2_jobs.jobs.expiry import expire_due
 from yue2_jobs.jobs.state import claim_jobs
 from yue2_jobs.queue import jobs_in_broker, publish
 from yue2_jobs.storage import Storage
@@ -39,6 +43,7 @@ class ReconcileReport:
     republished_expired: list[str] = field(default_factory=list)
     failed_exhausted: list[str] = field(default_factory=list)
     finalized_batches: list[str] = field(default_factory=list)
+    expired_batches: list[str] = field(default_factory=list)
     skipped: bool = False
 
 
@@ -74,6 +79,9 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
         if retry:
             publish(celery_app, session, retry)
             report.republished_expired = [j for j, _ in retry]
+    report.expired_batches = expire_due(session)
+    session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at < now))
+    session.commit()
     stale = now - timedelta(seconds=settings.lease_s)
     open_batches = session.execute(select(Batch.id, Batch.finalizing_at.is_not(None) & (Batch.finalizing_at < stale))
                                    .where(Batch.status.in_((BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING,

@@ -15,15 +15,16 @@ from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.ids import new_id
-from yue2_jobs.core.safe import check_text, require_id
-from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
+from yue2_jobs.core.safe import require_id
+from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.queries import get_owned
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs.assignment import get_experiment, variants_for
 from yue2_jobs.jobs.capacity import no_worker_warnings
-from yue2_jobs.jobs.keys import line_ref, own_input_key, upload_key
-from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS, parse_batch_file
+from yue2_jobs.jobs.files import get_file
+from yue2_jobs.jobs.keys import line_ref, own_input_key
+from yue2_jobs.jobs.lines import parse_batch_file
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
 from yue2_jobs.jobs.state import cancel_jobs
 from yue2_jobs.storage import Storage
@@ -85,30 +86,6 @@ def cancel_job(session: Session, *, tenant: str, job_id: str) -> Job:
     return job
 
 
-def create_file(session: Session, *, tenant: str, filename: str, purpose: str, data: bytes,
-                storage: Storage) -> File:
-    if purpose != "batch":
-        raise InvalidRequestError(f"purpose {purpose!r} is not supported; use 'batch'", field="purpose", status=400)
-    check_text(filename, field="filename", max_chars=MAX_FILENAME_CHARS, status=400)
-    file_id = new_id("file-")
-    key = upload_key(tenant=tenant, file_id=file_id)
-    f = File(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(data), storage_key=key,
-             created_at=utcnow())
-    session.add(f)
-    session.flush()  # the row can be written: only now may its object be
-    try:
-        storage.put(key, data, content_type="application/jsonl")
-    except BaseException:
-        session.rollback()
-        raise
-    session.commit()
-    return f
-
-
-def get_file(session: Session, *, tenant: str, file_id: str) -> File:
-    return get_owned(session, File, tenant=tenant, row_id=file_id, what="file")
-
-
 def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
                  metadata: dict[str, Any] | None, settings: Settings, storage: Storage,
                  experiment_id: str | None = None) -> tuple[Batch, list[tuple]]:
@@ -126,7 +103,7 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
     if exp is not None and ENDPOINTS[endpoint] == "render_font":
         raise InvalidRequestError("experiments compare model variants; a /v1/render_font batch cannot run under one",
                                   field="experiment_id", status=400)
-    f = get_file(session, tenant=tenant, file_id=input_file_id)
+    f = get_file(session, tenant=tenant, file_id=input_file_id, lock="share")  # not deleted while we read it
     parsed = parse_batch_file(storage.get(f.storage_key), endpoint=endpoint, settings=settings,
                               in_experiment=exp is not None)
     per_line = len(variants_for(exp, "")) if exp else 1
@@ -171,10 +148,21 @@ def get_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:
 
 
 def request_counts(session: Session, batch_id: str) -> dict[str, int]:
-    by_status = dict(session.execute(
-        select(Job.status, func.count()).where(Job.batch_id == batch_id).group_by(Job.status)).all())
-    return {"total": sum(by_status.values()), "completed": by_status.get(JobStatus.SUCCEEDED, 0),
-            "failed": by_status.get(JobStatus.FAILED, 0), "cancelled": by_status.get(JobStatus.CANCELLED, 0)}
+    return request_counts_of(session, [batch_id])[batch_id]
+
+
+def request_counts_of(session: Session, batch_ids: list[str]) -> dict[str, dict[str, int]]:
+    """Each batch's job counts by status, in one query (a list page's worth)."""
+    by_batch: dict[str, dict[str, int]] = {b: {} for b in batch_ids}
+    if batch_ids:
+        for batch_id, status, n in session.execute(
+                select(Job.batch_id, Job.status, func.count()).where(Job.batch_id.in_(batch_ids))
+                .group_by(Job.batch_id, Job.status)).all():
+            by_batch[batch_id][status] = n
+    return {b: {"total": sum(c.values()), "completed": c.get(JobStatus.SUCCEEDED, 0),
+                "failed": c.get(JobStatus.FAILED, 0), "cancelled": c.get(JobStatus.CANCELLED, 0),
+                "queued": c.get(JobStatus.QUEUED, 0), "running": c.get(JobStatus.RUNNING, 0)}
+            for b, c in by_batch.items()}
 
 
 def cancel_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:

@@ -104,11 +104,13 @@ def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:
     return n
 
 
-def cancel_jobs(session: Session, *, where: Any) -> int:
-    """Cancel the unfinished jobs matching `where`; a running one's result will be discarded."""
+def cancel_jobs(session: Session, *, where: Any, error: dict[str, Any] | None = None) -> int:
+    """Cancel the unfinished jobs matching `where`; a running one's result will be discarded.
+    `error` is what the batch's error file says of them (default: cancelled)."""
     n = session.execute(
         update(Job).where(where, Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))
-        .values(status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None)
+        .values(status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
+                **({"error": error} if error is not None else {}))
     ).rowcount
     session.commit()
     return n

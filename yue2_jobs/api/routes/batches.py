@@ -1,44 +1,23 @@
-"""Files and batches in the OpenAI Batch API shape, so the `openai` client works against them."""
+"""Batches in the OpenAI Batch API shape, so the `openai` client works against them."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, BackgroundTasks, Form, Response, UploadFile
+from fastapi import APIRouter, BackgroundTasks
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
+from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
 from yue2_jobs.api.routes.enqueue import enqueue_later
-from yue2_jobs.api.views import batch_view, file_view
+from yue2_jobs.api.views import batch_view, list_view
 from yue2_jobs.core.safe import SafeStr
-from yue2_jobs.errors import LimitExceededError
-from yue2_jobs.jobs import batch_service, service
+from yue2_jobs.db.listing import DEFAULT_LIMIT
+from yue2_jobs.jobs import batch_service
+from yue2_jobs.jobs.batch_stats import batch_stats
 
-router = APIRouter(prefix="/v1", tags=["batches"])
-
-
-@router.post("/files")
-def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
-                purpose: Annotated[str, Form()]) -> dict[str, Any]:
-    data = file.file.read(state.settings.max_file_bytes + 1)
-    if len(data) > state.settings.max_file_bytes:
-        raise LimitExceededError(field="file", limit=state.settings.max_file_bytes, actual=len(data), unit="bytes")
-    f = service.create_file(session, tenant=tenant, filename=file.filename or "upload.jsonl", purpose=purpose,
-                            data=data, storage=state.storage)
-    return file_view(f)
-
-
-@router.get("/files/{file_id}")
-def get_file(file_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    return file_view(service.get_file(session, tenant=tenant, file_id=file_id))
-
-
-@router.get("/files/{file_id}/content")
-def get_file_content(file_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> Response:
-    f = service.get_file(session, tenant=tenant, file_id=file_id)
-    return Response(state.storage.get(f.storage_key), media_type="application/jsonl")
-
-
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
 MetadataKey = Annotated[SafeStr, Field(max_length=64)]
 MetadataValue = Annotated[SafeStr, Field(max_length=512)]
 
@@ -49,27 +28,54 @@ class BatchCreate(BaseModel):
     input_file_id: SafeStr = Field(max_length=64)
     endpoint: SafeStr = Field(max_length=64)
     completion_window: SafeStr = Field("24h", max_length=16)
-    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=16)
+    metadata: dict[MetadataKey, MetadataValue] | None = Field(None, max_length=batch_service.MAX_METADATA_PAIRS)
     # An A/B experiment assigns the lines' variants; `metadata.experiment_id` works too (the openai client).
     experiment_id: SafeStr | None = Field(None, max_length=64)
 
 
-@router.post("/batches")
+@router.post("")
 def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant: TenantDep,
-                 background: BackgroundTasks) -> dict[str, Any]:
-    submitted = batch_service.submit(
-        session, tenant=tenant, input_file_id=req.input_file_id, endpoint=req.endpoint,
-        completion_window=req.completion_window, metadata=req.metadata, settings=state.settings,
-        storage=state.storage, experiment_id=req.experiment_id or (req.metadata or {}).get("experiment_id"))
-    enqueue_later(background, state, submitted.to_enqueue)
-    return batch_view(submitted)
+                 background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+    def create() -> dict[str, Any]:
+        submitted = batch_service.submit(
+            session, tenant=tenant, input_file_id=req.input_file_id, endpoint=req.endpoint,
+            completion_window=req.completion_window, metadata=req.metadata, settings=state.settings,
+            storage=state.storage, experiment_id=req.experiment_id or (req.metadata or {}).get("experiment_id"))
+        enqueue_later(background, state, submitted.to_enqueue)
+        return batch_view(submitted)
+
+    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=create,
+                    fingerprint_of=lambda: fingerprint("POST", "/v1/batches", req.model_dump()))
 
 
-@router.get("/batches/{batch_id}")
+@router.get("")
+def list_batches(session: SessionDep, tenant: TenantDep, limit: int = DEFAULT_LIMIT,
+                 after: str | None = None) -> dict[str, Any]:
+    states, has_more = batch_service.list_batches(session, tenant=tenant, limit=limit, after=after)
+    return list_view([batch_view(s) for s in states], has_more=has_more)
+
+
+@router.get("/{batch_id}")
 def get_batch(batch_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
     return batch_view(batch_service.read(session, tenant=tenant, batch_id=batch_id))
 
 
-@router.post("/batches/{batch_id}/cancel")
+@router.get("/{batch_id}/stats")
+def get_batch_stats(batch_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
+    """For the console: counts by status, variant and checkpoint version; throughput and ETA."""
+    return batch_stats(session, tenant=tenant, batch_id=batch_id)
+
+
+@router.post("/{batch_id}/cancel")
 def cancel_batch(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
     return batch_view(batch_service.cancel(session, tenant=tenant, batch_id=batch_id, storage=state.storage))
+
+
+@router.post("/{batch_id}/retry_failed")
+def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep,
+                 background: BackgroundTasks) -> dict[str, Any]:
+    """A new batch of this ended batch's failed and expired lines, linked by `metadata.retry_of`."""
+    retried = batch_service.retry_failed(session, tenant=tenant, batch_id=batch_id, settings=state.settings,
+                                         storage=state.storage)
+    enqueue_later(background, state, retried.to_enqueue)
+    return batch_view(retried)

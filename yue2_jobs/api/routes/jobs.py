@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Body, Response
+from fastapi.responses import JSONResponse
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
+from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
 from yue2_jobs.api.routes.enqueue import enqueue_later
 from yue2_jobs.api.views import dumps, job_view
 from yue2_jobs.db.models import JobStatus
@@ -19,14 +21,18 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 @router.post("", status_code=201)
 def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, background: BackgroundTasks,
-               body: Annotated[Any, Body()]) -> dict[str, Any]:
-    job, warnings = service.submit_job(session, tenant=tenant, body=body, settings=state.settings,
-                                       storage=state.storage)
-    enqueue_later(background, state, [(job.id, job.variant)])
-    view = job_view(job, storage=state.storage, presign_expiry_s=state.settings.presign_expiry_s)
-    if warnings:
-        view["warnings"] = warnings
-    return view
+               body: Annotated[Any, Body()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+    def create() -> dict[str, Any]:
+        job, warnings = service.submit_job(session, tenant=tenant, body=body, settings=state.settings,
+                                           storage=state.storage)
+        enqueue_later(background, state, [(job.id, job.variant)])
+        view = job_view(job, storage=state.storage, presign_expiry_s=state.settings.presign_expiry_s)
+        if warnings:
+            view["warnings"] = warnings
+        return view
+
+    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=201, action=create,
+                    fingerprint_of=lambda: fingerprint("POST", "/v1/jobs", body))
 
 
 @router.get("/{job_id}", response_class=Response)

@@ -1,0 +1,61 @@
+"""Files in the OpenAI Files API shape: upload, read, list, delete."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Form, Response, UploadFile
+from fastapi.responses import JSONResponse
+
+from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
+from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
+from yue2_jobs.api.views import file_view, list_view
+from yue2_jobs.db.listing import DEFAULT_LIMIT
+from yue2_jobs.errors import LimitExceededError
+from yue2_jobs.jobs import files
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+
+@router.post("")
+def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
+                purpose: Annotated[str, Form()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+    data = file.file.read(state.settings.max_file_bytes + 1)
+    if len(data) > state.settings.max_file_bytes:
+        raise LimitExceededError(field="file", limit=state.settings.max_file_bytes, actual=len(data), unit="bytes")
+    filename = file.filename or "upload.jsonl"
+
+    def create() -> dict[str, Any]:
+        return file_view(files.create_file(session, tenant=tenant, filename=filename, purpose=purpose, data=data,
+                                           storage=state.storage))
+
+    def fingerprint_of() -> str:
+        return fingerprint("POST", "/v1/files", f"{purpose}\n{filename}\n{hashlib.sha256(data).hexdigest()}".encode())
+
+    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=create,
+                    fingerprint_of=fingerprint_of)
+
+
+@router.get("")
+def list_files(session: SessionDep, tenant: TenantDep, limit: int = DEFAULT_LIMIT, after: str | None = None,
+               order: Literal["asc", "desc"] = "desc", purpose: str | None = None) -> dict[str, Any]:
+    found = files.list_files(session, tenant=tenant, limit=limit, after=after, order=order, purpose=purpose)
+    return list_view([file_view(f) for f in found.rows], has_more=found.has_more)
+
+
+@router.get("/{file_id}")
+def get_file(file_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
+    return file_view(files.get_file(session, tenant=tenant, file_id=file_id))
+
+
+@router.get("/{file_id}/content")
+def get_file_content(file_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> Response:
+    f = files.get_file(session, tenant=tenant, file_id=file_id)
+    return Response(state.storage.get(f.storage_key), media_type="application/jsonl")
+
+
+@router.delete("/{file_id}")
+def delete_file(file_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
+    f = files.delete_file(session, tenant=tenant, file_id=file_id, storage=state.storage)
+    return {"id": f.id, "object": "file", "deleted": True}

@@ -1,0 +1,104 @@
+"""Sending queued events: each worker runs `deliver_due` every few seconds (and `yue2 reconcile`
+once). A delivery is claimed with a conditional UPDATE, so two workers never send the same attempt;
+a worker that dies mid-send leaves a claim that runs out, and the attempt is made again (at least
+once: receivers dedupe on `webhook-id`).
+
+A 2xx ends a delivery. Anything else (another status, a timeout, a refused connection, a target
+that now resolves to an internal address) schedules the next attempt on the Standard Webhooks
+backoff, until the event is `webhook_max_age_s` old; then the delivery is `failed`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
+from yue2_jobs.db.session import utcnow
+from yue2_jobs.errors import InvalidRequestError
+from yue2_jobs.webhooks.signing import headers
+from yue2_jobs.webhooks.targets import check_url
+
+log = logging.getLogger(__name__)
+MAX_LOG = 20  # attempts kept in a delivery's log (the first ones and the latest)
+
+
+def _claimable(now: Any) -> Any:
+    return ((WebhookDelivery.status == "pending") & (WebhookDelivery.next_attempt_at <= now)
+            & or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now))
+
+
+def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, Any], event_id: str,
+          settings: Settings) -> tuple[int | None, str | None]:
+    """(status code, error) of one attempt; nothing raised."""
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    try:
+        check_url(endpoint.url, allow_private=settings.webhook_allow_private)
+        response = client.post(endpoint.url, content=body, headers=headers(endpoint.secret, msg_id=event_id,
+                                                                            body=body))
+    except InvalidRequestError as exc:
+        return None, str(exc)
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    return response.status_code, None if response.is_success else f"HTTP {response.status_code}"
+
+
+def _record(session: Session, row: WebhookDelivery, *, status_code: int | None, error: str | None, ms: float,
+            settings: Settings) -> None:
+    now = utcnow()
+    attempts = row.attempts + 1
+    entry = {"at": int(now.timestamp()), "status_code": status_code, "error": error, "ms": round(ms, 1)}
+    log_ = [*row.attempt_log, entry]
+    log_ = log_ if len(log_) <= MAX_LOG else [*log_[:5], *log_[-(MAX_LOG - 5):]]
+    values: dict[str, Any] = {"attempts": attempts, "attempt_log": log_, "claimed_until": None}
+    if error is None:
+        values.update(status="delivered", delivered_at=now, next_attempt_at=None)
+    else:
+        schedule = settings.webhook_retry_s
+        wait = schedule[min(attempts - 1, len(schedule) - 1)]
+        next_at = now + timedelta(seconds=wait)
+        created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=now.tzinfo)
+        if next_at > created + timedelta(seconds=settings.webhook_max_age_s):
+            values.update(status="failed", next_attempt_at=None)
+        else:
+            values.update(next_attempt_at=next_at)
+    session.execute(update(WebhookDelivery).where(WebhookDelivery.id == row.id).values(**values))
+    session.commit()
+
+
+def deliver_due(sessions: sessionmaker[Session], *, settings: Settings, limit: int = 32) -> int:
+    """Make the due attempts, one at a time; returns how many this call made."""
+    made = 0
+    with sessions() as session, httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
+        due = session.execute(select(WebhookDelivery.id).where(_claimable(utcnow()))
+                              .order_by(WebhookDelivery.next_attempt_at).limit(limit)).scalars().all()
+        session.commit()
+        for delivery_id in due:
+            now = utcnow()
+            hold = timedelta(seconds=settings.webhook_timeout_s * 2 + 10)
+            claimed = session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id, _claimable(now))
+                                      .values(claimed_until=now + hold).returning(WebhookDelivery.id)).scalar()
+            session.commit()
+            if claimed is None:  # another worker took it
+                continue
+            row = session.get(WebhookDelivery, delivery_id)
+            endpoint = session.get(WebhookEndpoint, row.endpoint_id) if row is not None else None
+            if row is None or endpoint is None:  # the endpoint was deleted meanwhile, with its deliveries
+                session.rollback()
+                continue
+            started = time.perf_counter()
+            status_code, error = _send(client, endpoint, row.payload, row.event_id, settings)
+            _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
+                    settings=settings)
+            made += 1
+            if error is not None:
+                log.info("webhook %s to %s: %s (attempt %d)", row.event_id, endpoint.url, error, row.attempts + 1)
+    return made
