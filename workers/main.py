@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.deliveries import HeldDeliveries
 from workers.protocol import Runner
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.fonts.params import FONTS_VARIANT
+from yue2_jobs.jobs import dead_workers
 from yue2_jobs.jobs.reconciler import reconcile_once
 from yue2_jobs.jobs.state import renew_leases
 from yue2_jobs.queue import make_celery, queue_depth, queue_for
@@ -72,10 +74,15 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 
 def _housekeeping(settings: Settings, *, sessions: Any, storage: Any, app: Any, stop: threading.Event) -> None:
     """The reconciler (one pass at a time across workers) and the webhook sender, each a thread."""
+    last_pass: list[float] = []  # when this process's last pass went through
 
     def reconcile() -> None:
+        # Silent workers are reaped only when this process reached the database on its previous pass
+        # too: after an outage every worker's status row is stale, and they report within seconds.
+        reap = bool(last_pass) and time.monotonic() - last_pass[-1] < 3 * settings.reconcile_interval_s
         with sessions() as session:
-            reconcile_once(session, settings=settings, celery_app=app, storage=storage)
+            reconcile_once(session, settings=settings, celery_app=app, storage=storage, reap_dead=reap)
+        last_pass[:] = [time.monotonic()]
 
     _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
     _every(settings.webhook_poll_s, stop, lambda: deliver_due(sessions, settings=settings), "webhooks")
@@ -95,11 +102,33 @@ def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
+def _report_loop(ctx: Any, *, sessions: Any, variant: str, directory_for: Any, stop: threading.Event) -> None:
+    """The status-report thread: runs while the main thread decodes, writes this worker's status row
+    and starts a swap the watchdog asks for."""
+    from workers.swap import report as report_status
+    from workers.swap import start_swap, swap_request
+
+    last_report = 0.0
+    while not stop.is_set():
+        try:
+            with sessions() as session:
+                if ctx.report_now.is_set() or time.monotonic() - last_report >= REPORT_INTERVAL_S:
+                    ctx.report_now.clear()
+                    request = report_status(session, ctx, name=ctx.name)
+                    last_report = time.monotonic()
+                else:
+                    request = swap_request(session, name=ctx.name)
+            if request and directory_for is not None:
+                start_swap(ctx, variant=variant, version=request, directory_for=directory_for)
+        except Exception:
+            log.exception("could not report this worker's status")
+        ctx.report_now.wait(SWAP_POLL_S)
+
+
 def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
     from workers.context import WorkerContext
     from workers.swap import install as install_swap_commands
-    from workers.swap import report as report_status
-    from workers.swap import start_swap, swap_request, withdraw
+    from workers.swap import withdraw
     from workers.tasks import register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -107,12 +136,18 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
+    app = make_celery(settings)
+    # One process per node name at a time (the launcher restarts a dead child under its name): what
+    # an earlier holder of this name left is released now, before the model loads.
+    with sessions() as session:
+        dead_workers.release(session, settings=settings, celery_app=app, worker=node)
+    held = HeldDeliveries(settings.broker_url, node)
+    held.connect()
     start_dir, directory_for = (None, None) if variant == FONTS_VARIANT else active_directory(settings, sessions,
                                                                                              variant)
     runner = load_runner(settings, variant, start_dir)
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
     _announce(ctx, settings, variant=variant)
-    app = make_celery(settings)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx, directory_for=directory_for)
 
@@ -123,23 +158,6 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
             claims = dict(ctx.claims)
         with sessions() as session:
             renew_leases(session, claims=claims, lease_s=settings.lease_s)
-
-    def report_loop() -> None:  # its own thread: runs while the main thread decodes
-        last_report = 0.0
-        while not stop.is_set():
-            try:
-                with sessions() as session:
-                    if ctx.report_now.is_set() or time.monotonic() - last_report >= REPORT_INTERVAL_S:
-                        ctx.report_now.clear()
-                        request = report_status(session, ctx, name=node)
-                        last_report = time.monotonic()
-                    else:
-                        request = swap_request(session, name=node)
-                if request and directory_for is not None:
-                    start_swap(ctx, variant=variant, version=request, directory_for=directory_for)
-            except Exception:
-                log.exception("could not report this worker's status")
-            ctx.report_now.wait(SWAP_POLL_S)
 
     def sample() -> None:
         assert ctx.metrics is not None
@@ -158,7 +176,9 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
 
     _every(settings.lease_s / 3, stop, heartbeat, "lease-heartbeat")
     _every(5.0, stop, sample, "metrics-sampler")
-    threading.Thread(target=report_loop, name="status-report", daemon=True).start()
+    _every(REPORT_INTERVAL_S, stop, held.prune, "held-deliveries")  # drops the acknowledged ones
+    threading.Thread(target=_report_loop, args=(ctx,), kwargs={"sessions": sessions, "variant": variant,
+                     "directory_for": directory_for, "stop": stop}, name="status-report", daemon=True).start()
     if reconcile:
         _housekeeping(settings, sessions=sessions, storage=storage, app=app, stop=stop)
     try:
@@ -169,5 +189,6 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         try:
             with sessions() as session:
                 withdraw(session, name=node)
-        except Exception:  # the row goes stale on its own (watchdog.LIVE_WITHIN_S)
+            held.clear()  # a warm shutdown put back every message it had not acknowledged
+        except Exception:  # the row goes stale on its own (capacity.LIVE_WITHIN_S), then is reaped
             log.exception("could not withdraw this worker's status row")

@@ -46,10 +46,12 @@ def make_celery(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         task_acks_late=True,
         task_reject_on_worker_lost=True,
-        # celery-batches flushes when its buffer holds `flush_every` requests: the prefetch window
-        # must exceed that or every batch waits out its flush interval. Unlimited (0) would let one
-        # worker hoard the whole backlog, unacked, past the visibility timeout (celery#5935).
-        worker_prefetch_multiplier=4 * settings.batch_max_jobs,
+        # celery-batches flushes when its buffer holds `flush_every` (= batch_max_jobs) requests: a
+        # window of exactly that many flushes at once instead of waiting out the flush interval.
+        # More only lets one process take more of the backlog than its next micro-batch (unlimited,
+        # 0, would let it hoard the whole backlog unacked, celery#5935); a dead process's deliveries
+        # go back to their queue at once (`restore_held`).
+        worker_prefetch_multiplier=settings.batch_max_jobs,
         task_ignore_result=True,
         result_backend=None,
         task_serializer="json",
@@ -134,6 +136,33 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
     return held
 
 
+def held_key(node: str) -> str:
+    """Redis set of the delivery tags worker `node` received and has not acknowledged (as far as it
+    knows: an acknowledged tag leaves the set at the worker's next prune)."""
+    return f"yue2:held:{node}"
+
+
+def restore_held(app: Celery, settings: Settings, node: str) -> int:
+    """Put the messages worker `node` received and never acknowledged back into their queues, next in
+    line, and forget its set; returns how many went back. For a worker known to be dead: Redis itself
+    would hand them out again only after the visibility timeout (hours)."""
+    if not settings.broker_url.startswith("redis"):
+        return 0  # the filesystem transport deletes a message on delivery; the reconciler republishes
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        client = channel.client
+        restored = 0
+        for tag in client.smembers(held_key(node)):
+            tag = tag.decode() if isinstance(tag, bytes) else tag
+            if client.hexists(channel.unacked_key, tag):
+                # kombu's own restore (one transaction: off the unacked hash, onto the queue's consuming
+                # end, flagged redelivered); a tag acknowledged meanwhile is only dropped from the index.
+                channel.qos.restore_by_tag(tag, client=client, leftmost=False)
+                restored += 1
+        client.delete(held_key(node))
+    return restored
+
+
 def queue_depth(settings: Settings, variant: str) -> int:
     """Messages waiting in a variant's queue (one message carries one to `batch_max_jobs` job ids)."""
     if settings.broker_url.startswith("redis"):
@@ -149,4 +178,5 @@ def queue_depth(settings: Settings, variant: str) -> int:
     return 0
 
 
-__all__ = ["TASK_NAME", "jobs_in_broker", "make_celery", "publish", "queue_depth", "queue_for"]
+__all__ = ["TASK_NAME", "held_key", "jobs_in_broker", "make_celery", "publish", "queue_depth", "queue_for",
+           "restore_held"]

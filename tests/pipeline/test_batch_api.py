@@ -121,6 +121,47 @@ def test_a_batch_expires_mid_run_and_its_failed_lines_can_be_retried(quiet_api: 
     assert sent == jsonl(lines[2:])  # the same lines, byte for byte: same bodies and custom_ids
 
 
+def _post_at_once(http: Any, path: str, h: dict[str, str], n: int) -> list[Any]:
+    results: list[Any] = []
+    start = threading.Barrier(n)
+
+    def post() -> None:
+        start.wait()
+        results.append(http.post(path, headers=h))
+
+    threads = [threading.Thread(target=post) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_retry_failed_makes_one_retry_batch_however_often_it_is_called(quiet_api: Any) -> None:
+    settings, http = quiet_api
+    h = headers(settings)
+    batch = create_batch(http, h, summarize_lines(4))
+    run_jobs(settings, batch["id"], succeed=1, leave_running=0)
+    _expire_now(settings, batch["id"])  # c1-c3 expire
+    path = f"/v1/batches/{batch['id']}/retry_failed"
+    # The same Idempotency-Key on 10 concurrent calls: one retry batch, the same answer to each.
+    keyed = _post_at_once(http, path, {**h, "Idempotency-Key": "retry-1"}, 10)
+    assert [r.status_code for r in keyed] == [200] * 10, [r.text for r in keyed if r.status_code != 200]
+    assert len({r.json()["id"] for r in keyed}) == 1
+    first = keyed[0].json()["id"]
+    # Without a key, while that retry runs: refused, naming it.
+    plain = _post_at_once(http, path, h, 10)
+    assert {r.status_code for r in plain} == {409} and first in plain[0].json()["error"]["message"]
+    listed = [b for b in http.get("/v1/batches", headers=h).json()["data"] if b["metadata"]]
+    assert [b["id"] for b in listed] == [first]
+    # Once the retry has ended, the original can be retried again: 10 calls at once, one batch.
+    http.post(f"/v1/batches/{first}/cancel", headers=h)
+    again = _post_at_once(http, path, h, 10)
+    assert sorted(r.status_code for r in again) == [200] + [409] * 9, [r.text for r in again]
+    listed = [b["id"] for b in http.get("/v1/batches", headers=h).json()["data"] if b["metadata"]]
+    assert len(listed) == 2 and first in listed
+
+
 def test_retry_failed_needs_failed_lines(quiet_api: Any) -> None:
     settings, http = quiet_api
     h = headers(settings)

@@ -178,3 +178,68 @@ def test_sigkill_of_the_worker_mid_batch_loses_and_duplicates_nothing(client: Cl
     assert held and all(attempts[j] == 2 for j in held if j in attempts), "jobs the dead worker held ran once more"
     assert max(attempts.values()) <= 2
     print(f"worker SIGKILL: {timing}")
+
+
+# The shipped defaults, over the short lease and fast reconciler the other pipeline tests use.
+DEFAULTS = {"YUE2_LEASE_S": "120", "YUE2_VISIBILITY_TIMEOUT_S": str(6 * 3600), "YUE2_RECONCILE_INTERVAL_S": "10",
+            "YUE2_RECONCILE_GRACE_S": "30", "YUE2_BATCH_MAX_JOBS": "32", "YUE2_BATCH_FLUSH_MS": "50"}
+
+
+def unacked_job_ids(redis_url: str) -> set[str]:
+    """Job ids in every message Redis holds as delivered and unacknowledged (kombu's `unacked` hash)."""
+    import redis
+
+    from yue2_jobs.queue import job_ids_of_message
+
+    with redis.Redis.from_url(redis_url) as r:
+        return {j for raw in r.hvals("unacked") for j in job_ids_of_message(raw)}
+
+
+def test_a_killed_worker_with_default_settings_stalls_the_queue_for_seconds(
+        client: Client, workers: Any, settings: Any, redis_url: str, tenant: str, tmp_path: Path) -> None:
+    """The launcher's child is SIGKILLed mid-batch; the launcher restarts it under the same name, and
+    the replacement puts the dead one's claims and prefetched messages back before it loads, so the
+    queue moves as soon as it is ready: not after the 120 s lease or the 6 h visibility timeout."""
+    from yue2_jobs.db.models import WorkerProcess
+
+    n = 500
+    by_custom_id = write_lines(tmp_path / "in.jsonl", n)
+    ready = tmp_path / "ready"
+    host = f"chaos-{tenant}"
+    launcher = workers("--host", host, **{**ECHO, **DEFAULTS, "YUE2_TEST_JOB_MS": "20",
+                                          "YUE2_WORKER_READY_FILE": str(ready)})
+    child_ready = ready.with_name("ready.0")
+    wait_for(child_ready.exists, timeout=120, what="the worker to be ready")
+    batch_id = client.create_batch(client.upload(tmp_path / "in.jsonl")["id"])["id"]
+    wait_for(lambda: (counts(client, batch_id) or {"completed": 0})["completed"] >= 100, timeout=120,
+             what="the batch to be under way", interval=0.02)
+    node = f"base-cpu0@{host}"
+    with session_factory(settings.resolved_database_url)() as session:
+        pid = session.execute(select(WorkerProcess.pid).where(WorkerProcess.name == node)).scalar_one()
+        held = list(session.execute(select(Job.id).where(Job.status == "running", Job.batch_id == batch_id))
+                    .scalars())
+    child_ready.unlink()
+    os.kill(pid, 9)
+    t_kill = time.monotonic()
+    at_kill = counts(client, batch_id)
+    assert at_kill is not None and at_kill["completed"] < n, "the batch finished before the kill"
+    assert unacked_job_ids(redis_url) & set(held), "the dead worker held no unacknowledged message"
+    wait_for(child_ready.exists, timeout=120, what="the launcher's replacement to be ready", interval=0.02)
+    t_ready = time.monotonic()
+    at_ready = counts(client, batch_id)
+    assert at_ready is not None
+    wait_for(lambda: (counts(client, batch_id) or {"completed": 0})["completed"] > at_ready["completed"],
+             timeout=120, what="jobs to finish again after the replacement is ready", interval=0.05)
+    t_moving = time.monotonic()
+    state = wait_done(client, batch_id, launcher)
+    moving_s = t_moving - t_ready
+    print(f"worker SIGKILL, default settings: replacement ready {t_ready - t_kill:.1f} s after the kill; queue "
+          f"moving again {moving_s:.2f} s after the replacement is ready (target <= 15 s); batch done "
+          f"{time.monotonic() - t_kill:.1f} s after the kill; {at_kill['completed']} of {n} done at the kill")
+    assert_exactly_once(client, settings, state, by_custom_id)
+    assert moving_s <= 15, f"the queue stood still {moving_s:.1f} s after the replacement was ready"
+    with session_factory(settings.resolved_database_url)() as session:
+        attempts = dict(session.execute(select(Job.id, Job.attempts).where(Job.batch_id == batch_id)).all())
+    assert held and max(attempts.values()) <= 2
+    # Nothing of the dead worker lingers in Redis: no unacknowledged message carries this batch's jobs.
+    assert not unacked_job_ids(redis_url) & set(attempts), "a message of the batch is still unacknowledged"

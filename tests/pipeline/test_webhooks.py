@@ -99,16 +99,19 @@ def test_deleting_an_endpoint_stops_its_deliveries(quiet_api: Any) -> None:
     assert http.get("/v1/webhooks", headers=h).json()["data"] == []
 
 
+# Only loopback and internal addresses: a test never registers a public one, even to see it refused.
 @pytest.mark.parametrize(("url", "needle"), [
-    ("ftp://example.com/x", "scheme 'ftp'"),
+    ("ftp://127.0.0.1/x", "scheme 'ftp'"),
     ("http://127.0.0.1:9/x", "127.0.0.1"),
     ("http://169.254.169.254/latest/meta-data", "169.254.169.254"),
     ("http://10.1.2.3/x", "10.1.2.3"),
     ("http://[::1]:8080/x", "::1"),
     ("http://localhost/x", "internal"),
-    ("http://user:pw@example.com/x", "credentials"),
+    ("http://user:pw@127.0.0.1/x", "credentials"),
     ("http:///nohost", "no host"),
-    ("http://example.com/" + "a" * 2100, "2048"),
+    ("http://127.0.0.1/" + "a" * 2100, "2048"),
+    ("http://127.0.0.1:9/x\r\ny", "U+000A, U+000D"),  # urlsplit drops CR/LF: the check must see them
+    ("http://127.0.0.1:9/a b", "U+0020"),
 ])
 def test_webhook_urls_are_refused_by_name(pipeline_env: dict[str, str], url: str, needle: str) -> None:
     from yue2_jobs.api.app import create_app
@@ -154,3 +157,60 @@ def test_a_worker_sends_the_event_of_the_batch_it_finished(pipeline_env: dict[st
     finally:
         receiver.stop()
 
+
+
+def test_a_url_with_a_line_break_is_refused_even_where_private_targets_are_allowed(quiet_api: Any) -> None:
+    settings, http = quiet_api
+    r = http.post("/v1/webhooks", headers=headers(settings),
+                  json={"url": f"http://127.0.0.1:{free_port()}/x\r\nHost: evil", "events": ["batch.completed"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "url" and "U+000D" in r.text
+
+
+def _deliveries(settings: Any, endpoint_id: str) -> list[Any]:
+    from sqlalchemy import select
+
+    from yue2_jobs.db.models_api import WebhookDelivery
+    from yue2_jobs.db.session import session_factory
+
+    with session_factory(settings.resolved_database_url)() as session:
+        return list(session.execute(select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint_id))
+                    .scalars())
+
+
+def test_a_jammed_endpoint_neither_stops_the_pass_nor_outlives_the_24_hours(quiet_api: Any) -> None:
+    """An endpoint stored with a URL the HTTP client refuses (as CRLF URLs were before they were
+    refused at registration) gets a failed attempt, the other endpoint of the same pass still gets
+    its event, and past the 24 h the delivery ends `failed` without another send."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
+    from yue2_jobs.db.session import session_factory
+
+    settings, http = quiet_api
+    h = headers(settings)
+    receiver = Receiver()
+    try:
+        jammed = register(http, h, f"http://127.0.0.1:{free_port()}/x")
+        good = register(http, h, receiver.url)
+        with session_factory(settings.resolved_database_url)() as session:
+            session.execute(update(WebhookEndpoint).where(WebhookEndpoint.id == jammed["id"])
+                            .values(url=f"http://127.0.0.1:{free_port()}/x\r\ny"))
+            session.commit()
+        invalid_batch(http, h)
+        deliver(settings)  # one pass: must not raise, must reach the good endpoint
+        assert len(receiver.requests) == 1
+        [row] = _deliveries(settings, jammed["id"])
+        assert row.status == "pending" and row.attempts == 1 and "U+000D" in row.attempt_log[0]["error"]
+        with session_factory(settings.resolved_database_url)() as session:
+            session.execute(update(WebhookDelivery).where(WebhookDelivery.id == row.id).values(
+                created_at=row.created_at - timedelta(hours=25), next_attempt_at=row.created_at))
+            session.commit()
+        deliver(settings)
+        [row] = _deliveries(settings, jammed["id"])
+        assert row.status == "failed" and row.attempts == 1, (row.status, row.attempt_log)
+        assert "not delivered within" in row.attempt_log[-1]["error"]
+        assert [d.status for d in _deliveries(settings, good["id"])] == ["delivered"]
+    finally:
+        receiver.stop()

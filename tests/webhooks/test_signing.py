@@ -44,6 +44,10 @@ def test_the_openai_client_accepts_our_signature() -> None:
     ("127.0.0.1", True), ("10.0.0.8", True), ("172.16.3.4", True), ("192.168.1.1", True),
     ("169.254.169.254", True), ("::1", True), ("fe80::1", True), ("fd00::1", True), ("0.0.0.0", True),
     ("::ffff:127.0.0.1", True), ("100.64.0.1", True), ("8.8.8.8", False), ("2606:4700:4700::1111", False),
+    # IPv6 addresses that carry an internal IPv4 one: 6to4 (2002::/16), Teredo, NAT64, IPv4-compatible.
+    ("2002:7f00:1::", True), ("2002:a9fe:a9fe::1", True), ("2002:c0a8:101::", True),
+    ("2001:0:4136:e378:8000:63bf:3fff:fdd2", True), ("64:ff9b::7f00:1", True), ("64:ff9b:1::a00:1", True),
+    ("::127.0.0.1", True), ("::ffff:8.8.8.8", False), ("2002:808:808::", False),
 ])
 def test_internal_addresses(address: str, refused: bool) -> None:
     assert internal(address) is refused
@@ -57,3 +61,8 @@ def test_loopback_is_allowed_only_when_the_operator_says_so() -> None:
         check_url("http://no-such-host.invalid/hook", allow_private=True)
     with pytest.raises(InvalidRequestError, match="scheme"):
         check_url("file:///etc/passwd", allow_private=True)
+
+
+def test_a_6to4_literal_around_loopback_is_refused_at_the_check() -> None:
+    with pytest.raises(InvalidRequestError, match="2002:7f00:1::"):
+        check_url("http://[2002:7f00:1::]/hook", allow_private=False)  # an IP literal: nothing is resolved

@@ -4,6 +4,7 @@ workers have their own program, `yue2-worker`)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from typing import Any
 
@@ -61,7 +62,7 @@ def _reconcile(args: argparse.Namespace) -> None:
         report = reconcile_once(session, settings=s, celery_app=make_celery(s),
                                 storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
     sent = deliver_due(session_factory(s.resolved_database_url), settings=s)
-    print(json.dumps({**report.__dict__, "webhook_attempts": sent}))
+    print(json.dumps({**dataclasses.asdict(report), "webhook_attempts": sent}))
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -98,6 +98,9 @@ class Batch(Base):
     expires_at: Mapped[datetime | None]
     expired_at: Mapped[datetime | None]  # the reconciler found it unfinished at expires_at
     experiment_id: Mapped[str | None] = mapped_column(ForeignKey("experiments.id"), index=True)
+    retry_of: Mapped[str | None] = mapped_column(String(64), index=True)  # retry_failed: the batch it retries
+    # Set while a retry of this batch is being created: a second retry_failed meanwhile is refused.
+    retrying_since: Mapped[datetime | None]
 
 
 class Job(Base):

@@ -5,14 +5,16 @@ any warnings), so a route only renders what it gets."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.listing import page
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
+from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.batches import try_finalize
@@ -23,6 +25,7 @@ from yue2_jobs.storage import Storage
 
 ENDED = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.FAILED)
 MAX_METADATA_PAIRS = 16
+RETRY_CLAIM = timedelta(minutes=10)  # longer than creating a retry takes; an older claim's creator died
 
 
 @dataclass
@@ -78,19 +81,54 @@ def _failed_custom_ids(session: Session, batch_id: str) -> set[str]:
         status == JobStatus.FAILED or (error or {}).get("code") == "batch_expired")}
 
 
+def _claim_retry(session: Session, original: Batch) -> None:
+    """Mark `original` as being retried, or refuse: a batch is retried at most once at a time (while
+    its retry is being created, or runs). One conditional UPDATE, so of two concurrent calls one wins."""
+    now = utcnow()
+    live = select(Batch.id).where(Batch.retry_of == original.id, Batch.status.not_in(ENDED))
+    took = session.execute(update(Batch).where(
+        Batch.id == original.id, or_(Batch.retrying_since.is_(None), Batch.retrying_since < now - RETRY_CLAIM),
+        ~live.exists()).values(retrying_since=now)).rowcount
+    session.commit()
+    if not took:
+        running = session.execute(live).scalar()
+        raise ConflictError(f"batch {original.id!r} is already being retried" + (
+            f" by batch {running!r}; retry it again once that batch has ended" if running else
+            "; its retry batch is being created"))
+
+
 def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Settings, storage: Storage) -> BatchState:
     """A new batch of the ended batch's failed and expired lines: the same lines byte for byte (so the
-    same bodies and custom_ids), under the same endpoint and experiment, with `metadata.retry_of`."""
+    same bodies and custom_ids), under the same endpoint and experiment, with `metadata.retry_of`.
+    Refused (409) while another retry of the batch is being created or has not ended."""
     original = service.get_batch(session, tenant=tenant, batch_id=batch_id)
     if original.status not in ENDED:
         raise ConflictError(f"batch {batch_id!r} is {original.status}; retry its failed lines once it has ended")
     wanted = _failed_custom_ids(session, original.id)
     if not wanted:
         raise ConflictError(f"batch {batch_id!r} has no failed or expired lines to retry")
+    _claim_retry(session, original)
+    let_go = update(Batch).where(Batch.id == original.id).values(retrying_since=None)
+    try:
+        retried = _submit_retry(session, original, wanted, tenant=tenant, settings=settings, storage=storage)
+    except BaseException:
+        session.rollback()
+        session.execute(let_go)
+        session.commit()
+        raise
+    # The link and the claim's end in one commit: there is never a moment with neither.
+    session.execute(update(Batch).where(Batch.id == retried.batch.id).values(retry_of=original.id))
+    session.execute(let_go)
+    session.commit()
+    return retried
+
+
+def _submit_retry(session: Session, original: Batch, wanted: set[str], *, tenant: str, settings: Settings,
+                  storage: Storage) -> BatchState:
     try:
         source = get_file(session, tenant=tenant, file_id=original.input_file_id)
     except NotFoundError:
-        raise ConflictError(f"the input file {original.input_file_id!r} of batch {batch_id!r} was deleted; "
+        raise ConflictError(f"the input file {original.input_file_id!r} of batch {original.id!r} was deleted; "
                             f"upload the lines again") from None
     data = storage.get(source.storage_key)
     lines = [data[ln.span[0]:ln.span[1]].rstrip(b"\r\n") for ln in parse_batch_file(

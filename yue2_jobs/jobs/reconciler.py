@@ -2,6 +2,8 @@
 
 - A job Postgres calls `queued` that the broker no longer holds (Redis restarted or was flushed,
   the API died between commit and publish) is published again.
+- A worker silent for longer than `capacity.LIVE_WITHIN_S` is taken for dead: its claims end and
+  its unacknowledged messages go back to their queues at once (`dead_workers`).
 - A `running` job whose lease ran out (its worker died) is published again, or failed once it has
   used its `max_attempts`.
 - A batch past its `expires_at` is expired (`yue2_jobs.jobs.expiry`).
@@ -27,6 +29,7 @@ from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.fonts.params import FONTS_VARIANT
+from yue2_jobs.jobs import dead_workers
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.expiry import expire_due
 from yue2_jobs.jobs.state import claim_jobs
@@ -44,15 +47,22 @@ class ReconcileReport:
     failed_exhausted: list[str] = field(default_factory=list)
     finalized_batches: list[str] = field(default_factory=list)
     expired_batches: list[str] = field(default_factory=list)
+    released_workers: list[dead_workers.Released] = field(default_factory=list)
     skipped: bool = False
 
 
-def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, storage: Storage) -> ReconcileReport:
+def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, storage: Storage,
+                   reap_dead: bool = True) -> ReconcileReport:
+    """One pass. `reap_dead=False` leaves silent workers alone: a caller that could not reach the
+    database itself a moment ago passes it, since every worker's status row went stale too."""
     report = ReconcileReport()
     if session.bind is not None and session.bind.dialect.name == "postgresql":
         if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}).scalar():
             report.skipped = True
             return report
+    if reap_dead:
+        # Before this pass looks for lost jobs: the messages put back may be what carries them.
+        report.released_workers = dead_workers.reap(session, settings=settings, celery_app=celery_app)
     now = utcnow()
     cutoff = now - timedelta(seconds=settings.reconcile_grace_s)
     # Read Postgres before the broker: a job published after this read is not a candidate.

@@ -74,6 +74,19 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
     return n
 
 
+def release_claims(session: Session, *, worker: str) -> list[str]:
+    """End the leases of the running jobs `worker` holds, now: its process is gone, so they may be
+    claimed again at once. Their claim tokens stay, so nothing else changes for a worker wrongly
+    taken for dead: its heartbeat renews the lease and it finishes the job, unless another worker
+    claimed it first (then the job runs twice and is recorded once). Returns their ids."""
+    now = utcnow()
+    released = session.execute(
+        update(Job).where(Job.worker == worker, Job.status == JobStatus.RUNNING, Job.lease_expires_at >= now)
+        .values(lease_expires_at=now).returning(Job.id)).scalars().all()
+    session.commit()
+    return list(released)
+
+
 FINISH_COLUMNS = ("status", "checkpoint", "weights_sha256", "output_key", "output_text", "error", "input_tokens",
                   "output_tokens", "decoder_steps", "nar_tokens", "decoded_mode", "input_tokens_used",
                   "input_truncated", "chunks")

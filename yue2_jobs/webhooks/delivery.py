@@ -4,8 +4,10 @@ a worker that dies mid-send leaves a claim that runs out, and the attempt is mad
 once: receivers dedupe on `webhook-id`).
 
 A 2xx ends a delivery. Anything else (another status, a timeout, a refused connection, a target
-that now resolves to an internal address) schedules the next attempt on the Standard Webhooks
-backoff, until the event is `webhook_max_age_s` old; then the delivery is `failed`.
+that now resolves to an internal address, any exception at all while sending) schedules the next
+attempt on the Standard Webhooks backoff, until the event is `webhook_max_age_s` old; then the
+delivery is `failed`, whatever went wrong, even if it was never attempted. One delivery's trouble
+never stops the pass: the others due are still sent.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.retry import transient
 from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import InvalidRequestError
@@ -46,9 +49,14 @@ def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, An
                                                                             body=body))
     except InvalidRequestError as exc:
         return None, str(exc)
-    except httpx.HTTPError as exc:
+    except Exception as exc:  # httpx.HTTPError, httpx.InvalidURL (not an HTTPError), anything else
         return None, f"{type(exc).__name__}: {exc}"[:500]
     return response.status_code, None if response.is_success else f"HTTP {response.status_code}"
+
+
+def _too_old(row: WebhookDelivery, now: Any, settings: Settings) -> bool:
+    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=now.tzinfo)
+    return bool(now >= created + timedelta(seconds=settings.webhook_max_age_s))
 
 
 def _record(session: Session, row: WebhookDelivery, *, status_code: int | None, error: str | None, ms: float,
@@ -74,31 +82,63 @@ def _record(session: Session, row: WebhookDelivery, *, status_code: int | None, 
     session.commit()
 
 
+def _give_up(session: Session, delivery_id: str, reason: str) -> None:
+    """End a delivery as `failed` without another attempt, noting why in its log."""
+    row = session.get(WebhookDelivery, delivery_id)
+    entry = {"at": int(utcnow().timestamp()), "status_code": None, "error": reason[:500], "ms": 0.0}
+    log_ = [*(row.attempt_log if row is not None else []), entry][-MAX_LOG:]
+    session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(
+        status="failed", next_attempt_at=None, claimed_until=None, attempt_log=log_))
+    session.commit()
+
+
+def _attempt(session: Session, client: httpx.Client, delivery_id: str, settings: Settings) -> bool:
+    """Claim and make one attempt at `delivery_id`; False when it was not this worker's to make."""
+    now = utcnow()
+    hold = timedelta(seconds=settings.webhook_timeout_s * 2 + 10)
+    claimed = session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id, _claimable(now))
+                              .values(claimed_until=now + hold).returning(WebhookDelivery.id)).scalar()
+    session.commit()
+    if claimed is None:  # another worker took it
+        return False
+    row = session.get(WebhookDelivery, delivery_id)
+    endpoint = session.get(WebhookEndpoint, row.endpoint_id) if row is not None else None
+    if row is None or endpoint is None:  # the endpoint was deleted meanwhile, with its deliveries
+        session.rollback()
+        return False
+    if _too_old(row, now, settings):
+        _give_up(session, delivery_id, f"not delivered within {settings.webhook_max_age_s:.0f} s of the event")
+        return True
+    started = time.perf_counter()
+    status_code, error = _send(client, endpoint, row.payload, row.event_id, settings)
+    _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
+            settings=settings)
+    if error is not None:
+        log.info("webhook %s to %s: %s (attempt %d)", row.event_id, endpoint.url, error, row.attempts + 1)
+    return True
+
+
 def deliver_due(sessions: sessionmaker[Session], *, settings: Settings, limit: int = 32) -> int:
-    """Make the due attempts, one at a time; returns how many this call made."""
+    """Make the due attempts, one at a time; returns how many this call made. A delivery that raises
+    for good (a value the database refuses, say) is logged and given up on, one that meets a database
+    outage waits for a later pass; either way the pass goes on to the next."""
     made = 0
     with sessions() as session, httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
         due = session.execute(select(WebhookDelivery.id).where(_claimable(utcnow()))
                               .order_by(WebhookDelivery.next_attempt_at).limit(limit)).scalars().all()
         session.commit()
         for delivery_id in due:
-            now = utcnow()
-            hold = timedelta(seconds=settings.webhook_timeout_s * 2 + 10)
-            claimed = session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id, _claimable(now))
-                                      .values(claimed_until=now + hold).returning(WebhookDelivery.id)).scalar()
-            session.commit()
-            if claimed is None:  # another worker took it
-                continue
-            row = session.get(WebhookDelivery, delivery_id)
-            endpoint = session.get(WebhookEndpoint, row.endpoint_id) if row is not None else None
-            if row is None or endpoint is None:  # the endpoint was deleted meanwhile, with its deliveries
+            try:
+                made += _attempt(session, client, delivery_id, settings)
+            except Exception as exc:
                 session.rollback()
-                continue
-            started = time.perf_counter()
-            status_code, error = _send(client, endpoint, row.payload, row.event_id, settings)
-            _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
-                    settings=settings)
-            made += 1
-            if error is not None:
-                log.info("webhook %s to %s: %s (attempt %d)", row.event_id, endpoint.url, error, row.attempts + 1)
+                if transient(exc):  # the database blinked: the claim runs out and a later pass retries
+                    log.warning("webhook delivery %s: %s; retried on a later pass", delivery_id, type(exc).__name__)
+                    continue
+                log.exception("webhook delivery %s failed outside its attempt; it is given up", delivery_id)
+                try:
+                    _give_up(session, delivery_id, f"{type(exc).__name__}: {exc}")
+                except Exception:  # the database itself is down: the claim runs out, the next pass retries
+                    session.rollback()
+                    log.warning("could not record webhook delivery %s as failed", delivery_id)
     return made

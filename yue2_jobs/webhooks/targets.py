@@ -12,6 +12,10 @@ from urllib.parse import urlsplit
 from yue2_jobs.errors import InvalidRequestError
 
 MAX_URL_CHARS = 2048
+# IPv6 ranges that carry an IPv4 address in their low 32 bits and reach it: NAT64 (RFC 6052) and the
+# deprecated IPv4-compatible addresses. 6to4 and Teredo have their own unwrapping in `ipaddress`.
+_LOW32_CARRIERS = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("::/96"))
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")  # RFC 8215: local use only, never a public target
 
 
 def _bad(message: str) -> InvalidRequestError:
@@ -22,6 +26,12 @@ def check_url_shape(url: str) -> tuple[str, int]:
     """(host, port) of a well-formed http(s) URL without credentials."""
     if len(url) > MAX_URL_CHARS:
         raise _bad(f"{len(url):,} characters, over the limit of {MAX_URL_CHARS:,}")
+    # urlsplit quietly drops tabs and line breaks (WHATWG), so the URL it checks is not the one that
+    # would be stored and sent; a client refuses such a URL at every delivery. Refuse it here.
+    bad = sorted({f"U+{ord(ch):04X}" for ch in url if ord(ch) <= 0x20 or ord(ch) == 0x7F})
+    if bad:
+        raise _bad(f"control characters or spaces are not allowed in a URL ({', '.join(bad)}); "
+                   f"percent-encode them")
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -36,12 +46,34 @@ def check_url_shape(url: str) -> tuple[str, int]:
     return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
-def internal(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address reaches through: IPv4-mapped, 6to4, Teredo (its server and
+    client), NAT64 and IPv4-compatible."""
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if any(ip in net for net in _LOW32_CARRIERS):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _not_global(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return (ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_multicast or ip.is_reserved
             or ip.is_unspecified or not ip.is_global)
+
+
+def internal(address: str) -> bool:
+    """Whether `address` (or an IPv4 address it wraps) is not a public one."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in _LOCAL_NAT64:
+            return True
+        inner = _embedded_ipv4(ip)
+        if ip.ipv4_mapped is not None:  # only the IPv4 address counts: ::ffff:0:0/96 itself is never global
+            return _not_global(ip.ipv4_mapped)
+        if any(_not_global(a) for a in inner):
+            return True
+    return _not_global(ip)
 
 
 def check_url(url: str, *, allow_private: bool) -> str:

@@ -1,0 +1,72 @@
+"""Dead workers: their jobs run again within seconds, not after a lease (minutes) or Redis'
+visibility timeout (hours).
+
+A worker process that is gone leaves two things behind: claims on the jobs it was running (their
+leases would run out only after `lease_s`) and the broker messages it had received and not
+acknowledged (Redis hands those out again only after `visibility_timeout_s`; until then the jobs
+they carry wait, even those never claimed). `release` gives both back at once:
+
+1. its claims end now (`state.release_claims`), first, so that a job whose message comes back is
+   claimable by whoever takes it;
+2. its unacknowledged messages go back to the front of their queues (`queue.restore_held`).
+
+Two callers know a worker is gone:
+- a process starting under a name (the launcher restarts a child under the same node name, one
+  process per name at a time) releases what the previous holder of the name left, before it
+  loads its model;
+- the reconciler releases every worker whose status row (`worker_processes`, refreshed every few
+  seconds by a thread that runs even while it decodes) is older than `capacity.LIVE_WITHIN_S`,
+  for a host that died with its launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from celery import Celery
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.db.models import WorkerProcess
+from yue2_jobs.db.session import utcnow
+from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
+from yue2_jobs.jobs.state import release_claims
+from yue2_jobs.queue import restore_held
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Released:
+    worker: str
+    jobs: list[str]  # running jobs whose claims ended
+    messages: int  # broker messages put back into their queues
+
+
+def release(session: Session, *, settings: Settings, celery_app: Celery, worker: str) -> Released:
+    """Give back what the dead `worker` held: its claims, then its unacknowledged messages."""
+    jobs = release_claims(session, worker=worker)
+    messages = restore_held(celery_app, settings, worker)
+    if jobs or messages:
+        log.warning("worker %s is gone: released %d running jobs and put %d messages back in their queues",
+                    worker, len(jobs), messages)
+    return Released(worker=worker, jobs=jobs, messages=messages)
+
+
+def reap(session: Session, *, settings: Settings, celery_app: Celery, silent_for_s: float = LIVE_WITHIN_S
+         ) -> list[Released]:
+    """Release every worker whose status row is older than `silent_for_s`, and remove the row (so
+    the watchdog and capacity checks stop counting it)."""
+    since = utcnow() - timedelta(seconds=silent_for_s)
+    names = session.execute(select(WorkerProcess.name).where(WorkerProcess.heartbeat_at < since)).scalars().all()
+    session.commit()
+    out = []
+    for name in names:
+        out.append(release(session, settings=settings, celery_app=celery_app, worker=name))
+        # Only if it is still silent: a worker that reported meanwhile keeps its row.
+        session.execute(delete(WorkerProcess).where(WorkerProcess.name == name, WorkerProcess.heartbeat_at < since))
+        session.commit()
+    return out
