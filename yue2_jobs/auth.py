@@ -26,7 +26,6 @@ from yue2_jobs.errors import AuthError, NotFoundError
 KEY_PREFIX = "yk-"
 LISTENED_TTL_S = 30.0  # revocations arrive by message; this only bounds memory and key expiry skew
 UNLISTENED_TTL_S = 0.5
-REVOCATIONS_CHANNEL = "yue2:apikeys:revoked"
 
 
 class KeyCache:
@@ -99,7 +98,7 @@ def list_api_keys(session: Session, *, tenant: str | None = None) -> list[KeyInf
 
 
 def revoke_api_key(session: Session, *, key_id: str) -> str:
-    """Revoke the key; returns its hash, which the caller announces on REVOCATIONS_CHANNEL."""
+    """Revoke the key; returns its hash, which the caller announces (`api.revocations.announce`)."""
     digest = session.execute(update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
                              .values(revoked_at=utcnow()).returning(ApiKey.key_hash)).scalar_one_or_none()
     session.commit()

@@ -170,10 +170,11 @@ class ApiServer:
         import uvicorn
 
         from yue2_jobs.api.app import create_app
+        from yue2_jobs.api.server import config
 
         self.app = create_app(settings)
         self.port = free_port()
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(config(self.app, settings, host="127.0.0.1", port=self.port))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_for(lambda: self.server.started, timeout=20, what="the API server to start")

@@ -103,6 +103,46 @@ def test_request_body_limit(small: Any) -> None:
     assert "4,096 bytes" in error_of(r)["message"]
 
 
+def test_a_chunked_body_over_the_limit_gets_the_413_over_http(small: Any) -> None:
+    """No Content-Length (Transfer-Encoding: chunked): the body is counted as it arrives, and the answer
+    is the same 413 naming the field, not the parser's 400 for a cut-off body."""
+    import httpx
+
+    from tests.pipeline.conftest import ApiServer
+
+    settings, _ = small
+    server = ApiServer(settings)
+    try:
+        h = auth(settings)
+
+        def chunks(total: int, *, head: bytes = b"", tail: bytes = b"") -> Any:
+            yield head
+            for _ in range(total // 1024):
+                yield b"x" * 1024
+            yield tail
+
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            r = http.post("/v1/jobs", headers={**h, "content-type": "application/json"},
+                          content=chunks(2 * 1024 * 1024, head=b'{"input": "', tail=b'"}'))
+            assert r.request.headers.get("transfer-encoding") == "chunked" and "content-length" not in r.request.headers
+            assert r.status_code == 413 and error_of(r)["param"] == "request body", r.text
+            assert "4,096 bytes" in error_of(r)["message"]
+            boundary = "yue2boundary"
+            head = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                    f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+                    f"Content-Type: application/jsonl\r\n\r\n").encode()
+            r = http.post("/v1/files", headers={**h, "content-type": f"multipart/form-data; boundary={boundary}"},
+                          content=chunks(300_000, head=head, tail=f"\r\n--{boundary}--\r\n".encode()))
+            assert r.status_code == 413 and error_of(r)["param"] == "file", r.text
+            assert "20,000 bytes" in error_of(r)["message"]
+            # Under the limit, the same chunked upload goes through.
+            r = http.post("/v1/jobs", headers={**h, "content-type": "application/json"},
+                          content=iter([b'{"input": "', b"a short text in ", b"three chunks", b'"}']))
+            assert r.status_code == 201, r.text
+    finally:
+        server.stop()
+
+
 def test_file_size_limit(small: Any) -> None:
     settings, http = small
     r = upload(http, auth(settings), b"x" * 30_000)

@@ -65,3 +65,27 @@ def test_an_expired_key_is_refused(api: Any, settings: Any) -> None:
         # cached, but only until it expires
         wait_for(lambda: http.get("/v1/batches", headers={"Authorization": f"Bearer {soon}"}).status_code == 401,
                  timeout=5, what="the key to expire")
+
+
+def test_a_revocation_reaches_only_its_own_deployment(api: Any, pipeline_env: dict[str, str]) -> None:
+    """Two deployments on one Redis (databases 3 and 5): pub/sub ignores database numbers, so each
+    deployment's revocations go on a channel of its own."""
+    import redis
+
+    from yue2_jobs.api.revocations import announce, channel_for
+    from yue2_jobs.auth import CACHE
+
+    ours = pipeline_env["YUE2_BROKER_URL"]
+    theirs = ours.rsplit("/", 1)[0] + "/5"
+    assert channel_for(ours) != channel_for(theirs)
+    wait_for(lambda: CACHE.listening, timeout=10, what="the API's revocation listener")
+    with redis.Redis.from_url(theirs) as r:
+        other = r.pubsub(ignore_subscribe_messages=True)
+        other.subscribe(channel_for(theirs))  # what the other deployment's API processes listen on
+        wait_for(lambda: dict(r.pubsub_numsub(channel_for(theirs))).get(channel_for(theirs).encode()), timeout=5,
+                 what="the other deployment's subscription")
+        listening_here = dict(r.pubsub_numsub(channel_for(ours)))[channel_for(ours).encode()]
+        assert listening_here >= 1  # this session's API process
+        assert announce(ours, "0" * 64) == listening_here
+        assert other.get_message(timeout=0.5) is None, "the other deployment heard our revocation"
+        other.close()

@@ -78,18 +78,36 @@ class BodyLimitMiddleware(_HttpMiddleware):
             await too_big(scope, receive, send)
             return
         seen = 0
+        over = False  # the body passed the limit: whatever the app makes of it, the answer is the 413
+        answered = False
 
         async def counting_receive() -> Message:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > limit + (64 * 1024 if is_file else 0):  # multipart framing around the file
+                over = True
                 raise _TooLarge
             return message
 
+        async def guarded_send(message: Message) -> None:
+            # The body parser may catch _TooLarge and answer on its own (a 400 "not valid JSON" for a
+            # chunked body): once over the limit, the app's response is replaced by the 413.
+            nonlocal answered
+            if over:
+                if not answered:
+                    answered = True
+                    await too_big(scope, receive, send)
+                return
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, counting_receive, send)
-        except _TooLarge:
+            await self.app(scope, counting_receive, guarded_send)
+        except Exception:
+            if not over:
+                raise
+        if over and not answered:
             await too_big(scope, receive, send)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from yue2_jobs.auth import CACHE, REVOCATIONS_CHANNEL
+from yue2_jobs.auth import CACHE
 
 log = logging.getLogger(__name__)
 _started: dict[str, threading.Thread] = {}
@@ -22,6 +22,15 @@ def is_redis(url: str) -> bool:
     return url.startswith(("redis://", "rediss://"))
 
 
+def channel_for(broker_url: str) -> str:
+    """The deployment's revocation channel. Redis pub/sub ignores database numbers, so a channel
+    shared by every deployment on one Redis would tell each of them the others' revocations; a
+    deployment is its broker database (its queues live there too), so the number names the channel."""
+    from redis.connection import parse_url
+
+    return f"yue2:{int(parse_url(broker_url).get('db') or 0)}:apikeys:revoked"
+
+
 def announce(broker_url: str, key_hash: str) -> int:
     """Tell every listening API process; returns how many received it (0 without Redis)."""
     if not is_redis(broker_url):
@@ -29,7 +38,7 @@ def announce(broker_url: str, key_hash: str) -> int:
     import redis
 
     with redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=5) as r:
-        return int(r.publish(REVOCATIONS_CHANNEL, key_hash))  # type: ignore[arg-type]
+        return int(r.publish(channel_for(broker_url), key_hash))  # type: ignore[arg-type]
 
 
 def _listen(broker_url: str) -> None:
@@ -38,7 +47,7 @@ def _listen(broker_url: str) -> None:
     r = redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=5)
     pubsub = r.pubsub(ignore_subscribe_messages=True)
     try:
-        pubsub.subscribe(REVOCATIONS_CHANNEL)
+        pubsub.subscribe(channel_for(broker_url))
         pubsub.get_message(timeout=5)  # the subscription's confirmation
         # Whatever was cached before the subscription may have been revoked unheard.
         CACHE.clear()

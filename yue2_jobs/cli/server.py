@@ -19,12 +19,11 @@ def _migrate(args: argparse.Namespace) -> None:
 
 
 def _api(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from yue2_jobs.api.app import create_app
+    from yue2_jobs.api.server import serve
 
     s = settings()
-    uvicorn.run(create_app(s), host=args.host or s.api_host, port=args.port or s.api_port, log_level="warning")
+    serve(create_app(s), s, host=args.host, port=args.port)
 
 
 def _watchdog(args: argparse.Namespace) -> None:

@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     # --- API
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
     api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")
+    header_timeout_s: float = Field(15.0, gt=0, description="A client must send a request's headers within this "
+                                    "many seconds of connecting or of its previous response (slowloris).")
+    keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this many seconds.")
     presign_expiry_s: int = Field(3600, ge=1, description="Lifetime of presigned output URLs.")
     metrics_token: str | None = Field(None, min_length=16, description="Bearer token the API's /metrics requires "
                                       "(its job counts span every tenant); unset, /metrics is off.")

@@ -36,10 +36,11 @@ def _start_api(settings: Settings) -> tuple[object, str]:
     import uvicorn
 
     from yue2_jobs.api.app import create_app
+    from yue2_jobs.api.server import config
     from yue2_jobs.core.net import free_port
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(config(create_app(settings), settings, host="127.0.0.1", port=port))
     threading.Thread(target=server.run, daemon=True).start()
     deadline = time.monotonic() + 30
     while not server.started:
