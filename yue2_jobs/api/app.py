@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from yue2_jobs.api.deps import AppState
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
+from yue2_jobs.api.openapi import install as install_openapi
 from yue2_jobs.api.revocations import start_listener
 from yue2_jobs.api.routes import batches, console, experiments, files, jobs, webhooks
 from yue2_jobs.core.config import Settings
@@ -150,5 +151,6 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(routes.router)
     app.include_router(webhooks.router, prefix="/v1/webhooks")
     app.include_router(webhooks.router, prefix="/v1/webhook_endpoints", include_in_schema=False)
+    install_openapi(app)
     start_listener(settings.broker_url)  # revoked API keys leave this process's cache within a second
     return app
