@@ -102,6 +102,35 @@ def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs on this host (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _refuse_a_live_namesake(session: Any, node: str) -> None:
+    """Exit if a live process on this host already serves `node` (two launchers of one variant on one
+    host without their own --host): releasing its claims would rerun its jobs under its feet."""
+    from yue2_jobs.db.models import WorkerProcess
+
+    row = session.get(WorkerProcess, node)
+    session.commit()
+    if row is None or row.pid == os.getpid():
+        return
+    if not _alive(row.pid):
+        return  # gone: the launcher restarted this name, and what it left is released next
+    raise SystemExit(f"worker node name {node!r} is already served by the live process {row.pid}; give each "
+                     f"launcher on this host its own --host")
+
+
 def _report_loop(ctx: Any, *, sessions: Any, variant: str, directory_for: Any, stop: threading.Event) -> None:
     """The status-report thread: runs while the main thread decodes, writes this worker's status row
     and starts a swap the watchdog asks for."""
@@ -140,6 +169,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     # One process per node name at a time (the launcher restarts a dead child under its name): what
     # an earlier holder of this name left is released now, before the model loads.
     with sessions() as session:
+        _refuse_a_live_namesake(session, node)
         dead_workers.release(session, settings=settings, celery_app=app, worker=node)
     held = HeldDeliveries(settings.broker_url, node)
     held.connect()
@@ -182,8 +212,11 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     if reconcile:
         _housekeeping(settings, sessions=sessions, storage=storage, app=app, stop=stop)
     try:
-        app.worker_main(["worker", "--pool", "solo", "--queues", queue_for(variant), "--hostname", node,
-                         "--loglevel", "INFO", "--without-gossip", "--without-mingle", "--task-events"])
+        # --concurrency 1: the prefetch window is multiplier x concurrency, and Celery would take the
+        # CPU count for a solo pool's concurrency.
+        app.worker_main(["worker", "--pool", "solo", "--concurrency", "1", "--queues", queue_for(variant),
+                         "--hostname", node, "--loglevel", "INFO", "--without-gossip", "--without-mingle",
+                         "--task-events"])
     finally:
         stop.set()
         try:

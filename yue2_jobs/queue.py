@@ -152,14 +152,16 @@ def restore_held(app: Celery, settings: Settings, node: str) -> int:
         channel = conn.default_channel
         client = channel.client
         restored = 0
-        for tag in client.smembers(held_key(node)):
-            tag = tag.decode() if isinstance(tag, bytes) else tag
+        tags = list(client.smembers(held_key(node)))
+        for raw in tags:
+            tag = raw.decode() if isinstance(raw, bytes) else raw
             if client.hexists(channel.unacked_key, tag):
                 # kombu's own restore (one transaction: off the unacked hash, onto the queue's consuming
                 # end, flagged redelivered); a tag acknowledged meanwhile is only dropped from the index.
                 channel.qos.restore_by_tag(tag, client=client, leftmost=False)
                 restored += 1
-        client.delete(held_key(node))
+        if tags:  # only what was read: a tag a live holder of the name added meanwhile stays
+            client.srem(held_key(node), *tags)
     return restored
 
 

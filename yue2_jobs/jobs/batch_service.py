@@ -83,18 +83,22 @@ def _failed_custom_ids(session: Session, batch_id: str) -> set[str]:
 
 def _claim_retry(session: Session, original: Batch) -> None:
     """Mark `original` as being retried, or refuse: a batch is retried at most once at a time (while
-    its retry is being created, or runs). One conditional UPDATE, so of two concurrent calls one wins."""
+    its retry is being created, or runs). The row lock comes first and the checks after it, each a
+    statement of its own, so they see what a concurrent retry committed while this one waited."""
     now = utcnow()
-    live = select(Batch.id).where(Batch.retry_of == original.id, Batch.status.not_in(ENDED))
+    session.execute(select(Batch.id).where(Batch.id == original.id).with_for_update())
+    running = session.execute(select(Batch.id).where(Batch.retry_of == original.id,
+                                                     Batch.status.not_in(ENDED))).scalar()
+    if running is not None:
+        session.rollback()
+        raise ConflictError(f"batch {original.id!r} is already being retried by batch {running!r}; retry it again "
+                            f"once that batch has ended")
     took = session.execute(update(Batch).where(
-        Batch.id == original.id, or_(Batch.retrying_since.is_(None), Batch.retrying_since < now - RETRY_CLAIM),
-        ~live.exists()).values(retrying_since=now)).rowcount
+        Batch.id == original.id, or_(Batch.retrying_since.is_(None), Batch.retrying_since < now - RETRY_CLAIM))
+        .values(retrying_since=now)).rowcount
     session.commit()
     if not took:
-        running = session.execute(live).scalar()
-        raise ConflictError(f"batch {original.id!r} is already being retried" + (
-            f" by batch {running!r}; retry it again once that batch has ended" if running else
-            "; its retry batch is being created"))
+        raise ConflictError(f"batch {original.id!r} is already being retried; its retry batch is being created")
 
 
 def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Settings, storage: Storage) -> BatchState:

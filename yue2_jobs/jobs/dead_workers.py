@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from celery import Celery
-from sqlalchemy import delete, select
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
@@ -58,15 +58,19 @@ def release(session: Session, *, settings: Settings, celery_app: Celery, worker:
 
 def reap(session: Session, *, settings: Settings, celery_app: Celery, silent_for_s: float = LIVE_WITHIN_S
          ) -> list[Released]:
-    """Release every worker whose status row is older than `silent_for_s`, and remove the row (so
-    the watchdog and capacity checks stop counting it)."""
+    """Release every worker whose status row is older than `silent_for_s`. The rows go first, in one
+    DELETE … RETURNING, so of two reconcilers each worker is released by one, and a worker (or its
+    replacement under the same name) that reported meanwhile is not touched. Status rows are
+    written with each host's clock: hosts must agree on the time within seconds (NTP)."""
     since = utcnow() - timedelta(seconds=silent_for_s)
-    names = session.execute(select(WorkerProcess.name).where(WorkerProcess.heartbeat_at < since)).scalars().all()
+    names = session.execute(delete(WorkerProcess).where(WorkerProcess.heartbeat_at < since)
+                            .returning(WorkerProcess.name)).scalars().all()
     session.commit()
     out = []
     for name in names:
-        out.append(release(session, settings=settings, celery_app=celery_app, worker=name))
-        # Only if it is still silent: a worker that reported meanwhile keeps its row.
-        session.execute(delete(WorkerProcess).where(WorkerProcess.name == name, WorkerProcess.heartbeat_at < since))
-        session.commit()
+        try:
+            out.append(release(session, settings=settings, celery_app=celery_app, worker=name))
+        except Exception:  # Redis or Postgres blinked: its leases and Redis' visibility timeout remain
+            session.rollback()
+            log.exception("could not release the dead worker %s; its leases and messages time out instead", name)
     return out

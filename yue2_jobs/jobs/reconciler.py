@@ -52,17 +52,14 @@ class ReconcileReport:
 
 
 def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, storage: Storage,
-                   reap_dead: bool = True) -> ReconcileReport:
-    """One pass. `reap_dead=False` leaves silent workers alone: a caller that could not reach the
-    database itself a moment ago passes it, since every worker's status row went stale too."""
+                   reap_dead: bool = False) -> ReconcileReport:
+    """One pass. `reap_dead` also releases silent workers; a caller passes it only when it reached
+    the database on its previous pass too (after an outage every worker's status row is stale)."""
     report = ReconcileReport()
     if session.bind is not None and session.bind.dialect.name == "postgresql":
         if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}).scalar():
             report.skipped = True
             return report
-    if reap_dead:
-        # Before this pass looks for lost jobs: the messages put back may be what carries them.
-        report.released_workers = dead_workers.reap(session, settings=settings, celery_app=celery_app)
     now = utcnow()
     cutoff = now - timedelta(seconds=settings.reconcile_grace_s)
     # Read Postgres before the broker: a job published after this read is not a candidate.
@@ -74,6 +71,8 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
         Job.status == JobStatus.RUNNING, Job.lease_expires_at < now,
         or_(Job.enqueued_at.is_(None), Job.enqueued_at < now - timedelta(seconds=settings.lease_s)))).all()
     session.commit()  # ends the transaction (and the advisory lock) before the broker round trip
+    if reap_dead:  # each dead worker is released by one reconciler (reap deletes its row first)
+        report.released_workers = dead_workers.reap(session, settings=settings, celery_app=celery_app)
     if queued or expired:
         held = jobs_in_broker(settings, [*settings.checkpoints, FONTS_VARIANT], delivered_within_s=settings.lease_s)
         lost = [(j, v) for j, v in queued if j not in held]
