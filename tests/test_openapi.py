@@ -20,7 +20,12 @@ def test_every_v1_route_documents_its_errors_and_jobs_have_a_typed_body(tmp_path
         for code in ("400", "401", "404", "409", "413", "422", "431", "503"):
             assert op["responses"][code]["content"]["application/json"]["schema"] == error, (method, path, code)
     body = doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body["anyOf"] == [{"$ref": "#/components/schemas/JobBody"}, {"$ref": "#/components/schemas/RenderBody"}]
-    job = doc["components"]["schemas"]["JobBody"]
-    assert {"input", "prompt", "mode", "max_new_tokens", "variant"} <= set(job["properties"])
+    assert body["anyOf"] == [{"$ref": f"#/components/schemas/{name}Job"} for name in ("Summarize", "Generate",
+                                                                                       "Render")]
+    schemas = doc["components"]["schemas"]
+    summarize, generate, render = (schemas[f"{n}Job"] for n in ("Summarize", "Generate", "Render"))
+    assert summarize["required"] == ["input"] and generate["required"] == ["kind", "prompt"]
+    assert render["required"] == ["kind", "text"] and render["properties"]["kind"] == {"const": "render_font"}
+    assert summarize["properties"]["input"]["maxLength"] == 100_000  # the server's limits, from its settings
+    assert summarize["properties"]["variant"]["anyOf"][0] == {"enum": ["base", "legal"]}
     assert "HTTPValidationError" not in doc["components"]["schemas"]  # a shape this API never sends

@@ -1,7 +1,7 @@
 """The OpenAPI document as the API behaves: every route's error responses in the OpenAI error shape
 the API sends (FastAPI documents only its own 422 shape, which this API never sends), and the typed
-body of POST /v1/jobs, built from the same models `jobs.params.validate_job` checks it against
-(the route keeps its own validation so that a batch line and a job say the same thing)."""
+body of POST /v1/jobs, built from the models `jobs.params.validate_job` checks it against and the
+server's limits (the route keeps that validation, so a batch line and a job say the same thing)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import STORABLE_PATTERN
 
 ERROR = {
     "type": "object", "required": ["error"],
@@ -38,30 +41,103 @@ def _error_response(code: int) -> dict[str, Any]:
     return {"description": WHY[code], "content": {"application/json": {"schema": schema}}}
 
 
-def _job_body_schemas() -> dict[str, Any]:
+STORABLE = STORABLE_PATTERN  # a string the API stores: no NUL
+# ... and one that is not blank: a character that is neither whitespace (ECMA's \s, plus what
+# Python's str.strip() also strips) nor NUL.
+NOT_BLANK = r"^[^\x00]*[^\s\x00-\x1f\x85][^\x00]*$"
+
+
+def _text(limit: int) -> dict[str, Any]:
+    return {"type": "string", "minLength": 1, "maxLength": limit, "pattern": NOT_BLANK}
+
+
+def _storable(max_length: int | None = None) -> dict[str, Any]:
+    string: dict[str, Any] = {"type": "string", "pattern": STORABLE}
+    if max_length is not None:
+        string["maxLength"] = max_length
+    return {"anyOf": [string, {"type": "null"}]}
+
+
+def _job_bodies(settings: Settings) -> dict[str, Any]:
+    """The three bodies POST /v1/jobs accepts, as exactly as JSON Schema can say it: what
+    `validate_job` refuses, each schema refuses too (and the reverse)."""
     from yue2_jobs.fonts.params import RenderBody
     from yue2_jobs.jobs.params import JobBody
+    from yue2_jobs.model.decoding import GREEDY_ONLY_MODES
 
-    return {"JobBody": JobBody.model_json_schema(ref_template="#/components/schemas/{model}"),
-            "RenderBody": RenderBody.model_json_schema(ref_template="#/components/schemas/{model}")}
+    def job(kind: str, text_field: str) -> dict[str, Any]:
+        schema = JobBody.model_json_schema()
+        props = schema["properties"]
+        props.update(input=_storable(), prompt=_storable(), custom_id=_storable(512),
+                     variant={"anyOf": [{"enum": sorted(settings.checkpoints)}, {"type": "null"}]},
+                     max_new_tokens={"anyOf": [{"type": "integer", "minimum": 1,
+                                                "maximum": settings.max_new_tokens_limit}, {"type": "null"}]})
+        props[text_field] = _text(settings.max_input_chars)
+        props["kind"] = {"enum": [kind, None]} if kind == "summarize" else {"const": kind}
+        schema["required"] = [text_field] if kind == "summarize" else ["kind", text_field]
+        schema["title"] = f"{kind.capitalize()}Job"
+        # Sampling needs a mode that samples (ar, hybrid or auto).
+        schema["not"] = {"required": ["do_sample", "mode"], "properties": {
+            "do_sample": {"const": True}, "mode": {"enum": list(GREEDY_ONLY_MODES)}}}
+        return schema
+
+    render = RenderBody.model_json_schema()
+    render["properties"].update(kind={"const": "render_font"}, text=_text(settings.render_max_chars),
+                                custom_id=_storable(512))
+    render["required"] = ["kind", "text"]
+    render["title"] = "RenderJob"
+    return {"SummarizeJob": job("summarize", "input"), "GenerateJob": job("generate", "prompt"),
+            "RenderJob": render}
+
+
+def _narrow_parameters(operation: dict[str, Any]) -> None:
+    """List parameters as the listing code checks them (`db.listing`, `jobs.files`)."""
+    from yue2_jobs.api.idempotency import MAX_KEY_CHARS
+    from yue2_jobs.db.listing import DEFAULT_LIMIT, MAX_LIMIT
+    from yue2_jobs.jobs.files import PURPOSES
+
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") == "header" and parameter["name"] == "Idempotency-Key":  # api.idempotency
+            parameter["schema"] = {"type": "string", "pattern": f"^[!-~]{{1,{MAX_KEY_CHARS}}}$"}
+        if parameter.get("in") != "query":
+            continue
+        if parameter["name"] == "limit":
+            parameter["schema"] = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT}
+        elif parameter["name"] == "purpose":
+            parameter["schema"] = {"anyOf": [{"enum": list(PURPOSES)}, {"type": "null"}]}
 
 
 def build(app: FastAPI) -> dict[str, Any]:
     schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = schema.setdefault("components", {}).setdefault("schemas", {})
+    from yue2_jobs.jobs.params import ENDPOINTS
+
+    settings: Settings = app.state.yue2.settings
     components["Error"] = ERROR
-    components.update(_job_body_schemas())
+    bodies = _job_bodies(settings)
+    components.update(bodies)
     for path, operations in schema["paths"].items():
         codes = OUTSIDE_V1.get(path, ALL)
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
             for code in codes:
                 responses[str(code)] = _error_response(code)
+            _narrow_parameters(operation)
+    # The routes check these in their own words; the document states the same rules.
+    upload = components["Body_upload_file_v1_files_post"]["properties"]
+    upload["purpose"] = {"type": "string", "enum": ["batch"], "title": "Purpose"}
+    batch = components["BatchCreate"]["properties"]
+    batch["endpoint"] = {"type": "string", "enum": sorted(ENDPOINTS), "title": "Endpoint"}
+    batch["completion_window"] = {"type": "string", "enum": ["24h"], "default": "24h", "title": "Completion Window"}
+    # An experiment's arms are distinct served variants (`experiments.service`).
+    components["Arm"]["properties"]["variant"] = {"type": "string", "enum": sorted(settings.checkpoints)}
+    arms = components["ExperimentCreate"]["properties"]["variants"]
+    arms["maxItems"] = min(arms.get("maxItems", len(settings.checkpoints)), len(settings.checkpoints))
     schema["paths"]["/v1/jobs"]["post"]["requestBody"] = {
         "required": True,
         "content": {"application/json": {"schema": {
-            "description": "A summarize or generate job (JobBody), or a render job (RenderBody, kind render_font).",
-            "anyOf": [{"$ref": "#/components/schemas/JobBody"}, {"$ref": "#/components/schemas/RenderBody"}]}}}}
+            "description": "A summarize job (the default kind), a generate job or a render job.",
+            "anyOf": [{"$ref": f"#/components/schemas/{name}"} for name in bodies]}}}}
     # FastAPI's validation-error shapes are referenced by nothing now.
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError, NotFoundError
 
@@ -49,8 +49,11 @@ def _storable(value: str) -> str:
     return value
 
 
-# A pydantic string that refuses NUL and lone surrogates (the validation error names the field).
-SafeStr = Annotated[str, AfterValidator(_storable)]
+# A pydantic string that refuses NUL and lone surrogates (the validation error names the field). Its
+# JSON schema says "no NUL" as a pattern (lone surrogates cannot be written in UTF-8 JSON text);
+# the pattern documents, `_storable` validates, so the message stays ours.
+STORABLE_PATTERN = r"^[^\x00]*$"
+SafeStr = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": STORABLE_PATTERN})]
 
 
 def require_id(value: str, *, what: str) -> str:
