@@ -3,7 +3,9 @@ S3 outage, a worker killed with SIGKILL. After each, every custom_id is in the o
 exactly once, no job is left `queued` or `running`, and no job failed because of the fault.
 
 The worker runs the echo runner (no model: tests/pipeline/echo_runner.py), so each batch is
-long enough to be hit mid-run yet short. Each test prints how long the pipeline took to recover.
+long enough to be hit mid-run yet short, with the shipped defaults for the lease, the reconciler,
+the visibility timeout, the outage retries and the prefetch (not the short test settings of the
+other pipeline tests). Each test prints how long the pipeline took to recover.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from yue2_jobs.client import ApiError, Client
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import engine_for, session_factory
 
-ECHO = {"YUE2_RUNNER": "tests.pipeline.echo_runner:factory", "YUE2_TEST_JOB_MS": "15", "YUE2_OUTAGE_RETRY_S": "90",
-        "YUE2_BATCH_MAX_JOBS": "16"}
+# The shipped defaults, over the short lease and fast reconciler the other pipeline tests use.
+DEFAULTS = {"YUE2_LEASE_S": "120", "YUE2_VISIBILITY_TIMEOUT_S": str(6 * 3600), "YUE2_RECONCILE_INTERVAL_S": "10",
+            "YUE2_RECONCILE_GRACE_S": "30", "YUE2_BATCH_MAX_JOBS": "32", "YUE2_BATCH_FLUSH_MS": "50"}
+ECHO = {"YUE2_RUNNER": "tests.pipeline.echo_runner:factory", "YUE2_TEST_JOB_MS": "15", **DEFAULTS}
 N = 400
 
 
@@ -180,11 +184,6 @@ def test_sigkill_of_the_worker_mid_batch_loses_and_duplicates_nothing(client: Cl
     print(f"worker SIGKILL: {timing}")
 
 
-# The shipped defaults, over the short lease and fast reconciler the other pipeline tests use.
-DEFAULTS = {"YUE2_LEASE_S": "120", "YUE2_VISIBILITY_TIMEOUT_S": str(6 * 3600), "YUE2_RECONCILE_INTERVAL_S": "10",
-            "YUE2_RECONCILE_GRACE_S": "30", "YUE2_BATCH_MAX_JOBS": "32", "YUE2_BATCH_FLUSH_MS": "50"}
-
-
 def unacked_job_ids(redis_url: str) -> set[str]:
     """Job ids in every message Redis holds as delivered and unacknowledged (kombu's `unacked` hash)."""
     import redis
@@ -206,7 +205,7 @@ def test_a_killed_worker_with_default_settings_stalls_the_queue_for_seconds(
     by_custom_id = write_lines(tmp_path / "in.jsonl", n)
     ready = tmp_path / "ready"
     host = f"chaos-{tenant}"
-    launcher = workers("--host", host, **{**ECHO, **DEFAULTS, "YUE2_TEST_JOB_MS": "20",
+    launcher = workers("--host", host, **{**ECHO, "YUE2_TEST_JOB_MS": "20",
                                           "YUE2_WORKER_READY_FILE": str(ready)})
     child_ready = ready.with_name("ready.0")
     wait_for(child_ready.exists, timeout=120, what="the worker to be ready")
