@@ -214,3 +214,28 @@ def test_a_jammed_endpoint_neither_stops_the_pass_nor_outlives_the_24_hours(quie
         assert [d.status for d in _deliveries(settings, good["id"])] == ["delivered"]
     finally:
         receiver.stop()
+
+
+def test_a_delivery_whose_log_cannot_be_written_after_its_2xx_is_still_delivered(quiet_api: Any,
+                                                                                 monkeypatch: Any) -> None:
+    from yue2_jobs.webhooks import delivery
+
+    settings, http = quiet_api
+    h = headers(settings)
+    receiver = Receiver()
+    try:
+        endpoint = register(http, h, receiver.url)
+        invalid_batch(http, h)
+
+        def broken_log(*_: Any, **__: Any) -> None:
+            raise ValueError("the attempt log cannot be written")
+
+        monkeypatch.setattr(delivery, "_record", broken_log)
+        deliver(settings)
+        assert len(receiver.requests) == 1
+        assert [d.status for d in _deliveries(settings, endpoint["id"])] == ["delivered"]
+        monkeypatch.undo()
+        deliver(settings)
+        assert len(receiver.requests) == 1  # delivered: never sent again
+    finally:
+        receiver.stop()

@@ -111,8 +111,19 @@ def _attempt(session: Session, client: httpx.Client, delivery_id: str, settings:
         return True
     started = time.perf_counter()
     status_code, error = _send(client, endpoint, row.payload, row.event_id, settings)
-    _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
-            settings=settings)
+    try:
+        _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
+                settings=settings)
+    except Exception as exc:
+        if error is not None or transient(exc):  # a failed attempt, or the database is down: as usual
+            raise
+        # The receiver has the event: whatever went wrong in the attempt's log, the delivery is done.
+        session.rollback()
+        log.exception("webhook %s was delivered but its attempt could not be logged", row.event_id)
+        session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id).values(
+            status="delivered", delivered_at=utcnow(), next_attempt_at=None, claimed_until=None))
+        session.commit()
+        return True
     if error is not None:
         log.info("webhook %s to %s: %s (attempt %d)", row.event_id, endpoint.url, error, row.attempts + 1)
     return True
