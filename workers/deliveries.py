@@ -13,10 +13,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from yue2_jobs.queue import held_key
+from yue2_jobs.queue import UNACKED, held_key
 
 log = logging.getLogger(__name__)
-UNACKED = "unacked"  # kombu's Redis transport: delivery tag -> [message, exchange, routing key]
 
 
 class HeldDeliveries:

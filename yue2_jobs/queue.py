@@ -23,6 +23,9 @@ from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import utcnow
 
 TASK_NAME = "yue2.run_jobs"
+# kombu's Redis transport keeps each delivered, unacknowledged message here (delivery tag ->
+# [message, exchange, routing key]), with the delivery time in UNACKED_INDEX.
+UNACKED, UNACKED_INDEX = "unacked", "unacked_index"
 
 
 def queue_for(variant: str) -> str:
@@ -117,9 +120,9 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
             for variant in variants:
                 for raw in client.lrange(queue_for(variant), 0, -1):
                     held.update(job_ids_of_message(raw))
-            recent = client.zrangebyscore("unacked_index", time.time() - delivered_within_s, "+inf")
+            recent = client.zrangebyscore(UNACKED_INDEX, time.time() - delivered_within_s, "+inf")
             if recent:
-                for raw in client.hmget("unacked", recent):
+                for raw in client.hmget(UNACKED, recent):
                     if raw is not None:
                         held.update(job_ids_of_message(raw))
         finally:
@@ -180,5 +183,5 @@ def queue_depth(settings: Settings, variant: str) -> int:
     return 0
 
 
-__all__ = ["TASK_NAME", "held_key", "jobs_in_broker", "make_celery", "publish", "queue_depth", "queue_for",
+__all__ = ["TASK_NAME", "UNACKED", "held_key", "jobs_in_broker", "make_celery", "publish", "queue_depth", "queue_for",
            "restore_held"]

@@ -4,6 +4,7 @@ headers (slowloris) are closed after `header_timeout_s`, idle keep-alive connect
 
 from __future__ import annotations
 
+import select
 import socket
 import time
 from typing import Any
@@ -57,7 +58,8 @@ def test_connections_trickling_headers_are_closed_and_others_are_served(strict_a
             _trickle(open_, b"X-Slow: 1\r\n")  # a header line at a time, never the blank line
             with httpx.Client(base_url=strict_api.url, timeout=5) as http:
                 answered += http.get("/healthz").status_code in (200, 503)
-            time.sleep(0.2)  # the trickle's pace: the slow client's own rate, not a wait for the server
+            # Wait for the server to close one of them, at most the trickle's pace (the client's own rate).
+            select.select(open_, [], [], 0.2)
             open_ = [s for s in open_ if not _closed_by_server(s)]
         took = time.monotonic() - t0
         print(f"{SLOW} slowloris connections: all closed {took:.1f} s after their first bytes "
@@ -80,7 +82,7 @@ def test_an_idle_keep_alive_connection_is_closed_and_so_is_a_slow_second_request
             while not closed and time.monotonic() - t0 < 10:
                 if trickle_second:
                     _trickle([sock], b"GET /healthz HTTP/1.1\r\n" if time.monotonic() - t0 < 0.1 else b"X: y\r\n")
-                time.sleep(0.2)
+                select.select([sock], [], [], 0.2)  # readable once the server closes it; else the next trickle
                 closed = _closed_by_server(sock)
             assert closed, "the connection was kept open"
             assert time.monotonic() - t0 < 5

@@ -11,7 +11,6 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from yue2_jobs.core.config import Settings
-from yue2_jobs.core.safe import STORABLE_PATTERN
 
 ERROR = {
     "type": "object", "required": ["error"],
@@ -41,21 +40,13 @@ def _error_response(code: int) -> dict[str, Any]:
     return {"description": WHY[code], "content": {"application/json": {"schema": schema}}}
 
 
-STORABLE = STORABLE_PATTERN  # a string the API stores: no NUL
-# ... and one that is not blank: a character that is neither whitespace (ECMA's \s, plus what
-# Python's str.strip() also strips) nor NUL.
+# A text that is not blank: a character that is neither whitespace (ECMA's \s, plus what Python's
+# str.strip() also strips) nor NUL. (Every `SafeStr` field's own schema already refuses NUL.)
 NOT_BLANK = r"^[^\x00]*[^\s\x00-\x1f\x85][^\x00]*$"
 
 
 def _text(limit: int) -> dict[str, Any]:
     return {"type": "string", "minLength": 1, "maxLength": limit, "pattern": NOT_BLANK}
-
-
-def _storable(max_length: int | None = None) -> dict[str, Any]:
-    string: dict[str, Any] = {"type": "string", "pattern": STORABLE}
-    if max_length is not None:
-        string["maxLength"] = max_length
-    return {"anyOf": [string, {"type": "null"}]}
 
 
 def _job_bodies(settings: Settings) -> dict[str, Any]:
@@ -68,8 +59,7 @@ def _job_bodies(settings: Settings) -> dict[str, Any]:
     def job(kind: str, text_field: str) -> dict[str, Any]:
         schema = JobBody.model_json_schema()
         props = schema["properties"]
-        props.update(input=_storable(), prompt=_storable(), custom_id=_storable(512),
-                     variant={"anyOf": [{"enum": sorted(settings.checkpoints)}, {"type": "null"}]},
+        props.update(variant={"anyOf": [{"enum": sorted(settings.checkpoints)}, {"type": "null"}]},
                      max_new_tokens={"anyOf": [{"type": "integer", "minimum": 1,
                                                 "maximum": settings.max_new_tokens_limit}, {"type": "null"}]})
         props[text_field] = _text(settings.max_input_chars)
@@ -82,8 +72,7 @@ def _job_bodies(settings: Settings) -> dict[str, Any]:
         return schema
 
     render = RenderBody.model_json_schema()
-    render["properties"].update(kind={"const": "render_font"}, text=_text(settings.render_max_chars),
-                                custom_id=_storable(512))
+    render["properties"].update(kind={"const": "render_font"}, text=_text(settings.render_max_chars))
     render["required"] = ["kind", "text"]
     render["title"] = "RenderJob"
     return {"SummarizeJob": job("summarize", "input"), "GenerateJob": job("generate", "prompt"),
@@ -108,10 +97,10 @@ def _narrow_parameters(operation: dict[str, Any]) -> None:
 
 
 def build(app: FastAPI) -> dict[str, Any]:
-    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
     from yue2_jobs.jobs.params import ENDPOINTS
 
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
     settings: Settings = app.state.yue2.settings
     components["Error"] = ERROR
     bodies = _job_bodies(settings)

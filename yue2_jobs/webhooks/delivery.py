@@ -54,9 +54,10 @@ def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, An
     return response.status_code, None if response.is_success else f"HTTP {response.status_code}"
 
 
-def _too_old(row: WebhookDelivery, now: Any, settings: Settings) -> bool:
-    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=now.tzinfo)
-    return bool(now >= created + timedelta(seconds=settings.webhook_max_age_s))
+def _give_up_at(row: WebhookDelivery, now: Any, settings: Settings) -> Any:
+    """When the delivery ends `failed`: `webhook_max_age_s` after its event."""
+    created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=now.tzinfo)  # SQLite
+    return created + timedelta(seconds=settings.webhook_max_age_s)
 
 
 def _record(session: Session, row: WebhookDelivery, *, status_code: int | None, error: str | None, ms: float,
@@ -73,8 +74,7 @@ def _record(session: Session, row: WebhookDelivery, *, status_code: int | None, 
         schedule = settings.webhook_retry_s
         wait = schedule[min(attempts - 1, len(schedule) - 1)]
         next_at = now + timedelta(seconds=wait)
-        created = row.created_at if row.created_at.tzinfo else row.created_at.replace(tzinfo=now.tzinfo)
-        if next_at > created + timedelta(seconds=settings.webhook_max_age_s):
+        if next_at > _give_up_at(row, now, settings):
             values.update(status="failed", next_attempt_at=None)
         else:
             values.update(next_attempt_at=next_at)
@@ -106,7 +106,7 @@ def _attempt(session: Session, client: httpx.Client, delivery_id: str, settings:
     if row is None or endpoint is None:  # the endpoint was deleted meanwhile, with its deliveries
         session.rollback()
         return False
-    if _too_old(row, now, settings):
+    if now >= _give_up_at(row, now, settings):
         _give_up(session, delivery_id, f"not delivered within {settings.webhook_max_age_s:.0f} s of the event")
         return True
     started = time.perf_counter()
