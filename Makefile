@@ -70,7 +70,7 @@ bench-legal: $(STAMP)
 
 # Rebuild the corpora from the pinned packages and check they match the committed ones.
 data: $(STAMP)
-	$(PY) -m yue2_jobs.model.data --out data
+	$(PY) -m yue2_jobs.training.data --out data
 	cd data && sha256sum --check SHA256SUMS
 	git diff --exit-code --stat -- data && echo "data/ is byte-identical to the committed corpora"
 

@@ -23,10 +23,10 @@ import torch
 from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 from transformers import BartConfig, BartForConditionalGeneration
 
+from yue2_jobs.decode.generate import generate
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
-from yue2_jobs.model.data import read_split
-from yue2_jobs.model.generation import generate
+from yue2_jobs.training.data import read_split
 
 
 def _random_bart(vocab_size: int) -> BartForConditionalGeneration:

@@ -1,6 +1,6 @@
 """Static micro-batching vs continuous batching on a mixed-length workload, side by side.
 
-Both policies run the same engine (`yue2_jobs.model.continuous.ContinuousBatcher`), the same
+Both policies run the same engine (`yue2_jobs.decode.continuous.ContinuousBatcher`), the same
 kernels and the same row bound; only admission differs:
 
 - `static`: a batch of up to `--rows` jobs is admitted into an empty working set and decodes until
@@ -35,11 +35,11 @@ import torch
 from bench_args import ROOT
 from transformers.utils import logging as hf_logging
 
+from yue2_jobs.decode.continuous import ContinuousBatcher, DecodeRequest
+from yue2_jobs.decode.graphs import capture_for_serving
 from yue2_jobs.model.checkpoint import load_checkpoint
-from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest
-from yue2_jobs.model.data import read_split
 from yue2_jobs.model.device import resolve_device, resolve_dtype
-from yue2_jobs.model.graphs import capture_for_serving
+from yue2_jobs.training.data import read_split
 
 POLICIES = ("static", "continuous")
 

@@ -33,12 +33,12 @@ from typing import Any
 import torch
 from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 
+from yue2_jobs.decode.generate import generate
+from yue2_jobs.decode.stats import summarize_stats
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2
-from yue2_jobs.model.data import read_split
-from yue2_jobs.model.evaluate import rouge
-from yue2_jobs.model.generation import generate
-from yue2_jobs.model.stats import summarize_stats
+from yue2_jobs.training.data import read_split
+from yue2_jobs.training.evaluate import rouge
 
 HBM_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}  # by GPU name; --hbm-gbps overrides
 

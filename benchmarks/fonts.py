@@ -35,7 +35,7 @@ LABELS = ["登录", "设置", "保存更改", "你好，世界 Hello", "下载 P
 
 
 def workload(n: int, seed: int = 7) -> list[dict]:
-    from yue2_jobs.model.data import read_split
+    from yue2_jobs.training.data import read_split
 
     english = [r["text"][:300] for r in read_split(ROOT / "data", "general", "eval")]
     rng = random.Random(seed)

@@ -48,9 +48,9 @@ def main() -> None:
     from yue2_jobs.core.config import Settings
     from yue2_jobs.db.models import Job
     from yue2_jobs.db.session import session_factory
-    from yue2_jobs.model.data import read_split
     from yue2_jobs.queue import make_celery
     from yue2_jobs.storage import storage_from_url
+    from yue2_jobs.training.data import read_split
 
     scratch = ScratchDatabase.create(args.pg, "yue2_hotswap")
     db, db_url = scratch.name, scratch.url

@@ -43,7 +43,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def texts_for(n: int) -> list[str]:
-    from yue2_jobs.model.data import read_split
+    from yue2_jobs.training.data import read_split
 
     pool = [r["text"] for c in ("general", "legal") for r in read_split(ROOT / "data", c, "eval")]
     return [pool[i % len(pool)] for i in range(n)]

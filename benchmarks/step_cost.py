@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
+from yue2_jobs.decode.engine import NEVER_TRUST, Rows, StepShape, engine_step
+from yue2_jobs.decode.graphs import StepGraphs
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.device import resolve_device, resolve_dtype
-from yue2_jobs.model.engine import NEVER_TRUST, Rows, StepShape, engine_step
-from yue2_jobs.model.graphs import StepGraphs
 
 SHAPES = {  # BART's published sizes; `tiny` is for tests
     "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,

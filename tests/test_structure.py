@@ -1,6 +1,7 @@
-"""The structure rules of the house, checked on every run: modules of at most 300 lines, functions
-of at most 80, no private name imported across packages. The exceptions are named here, each
-with its reason."""
+"""The structure rules of the house, checked on every run: functions of at most 80 lines, no private
+name imported across packages, and a look at any module past 600 lines. There is no hard cap on a
+module: a module is one concept, split only at a real seam (composition, never one class spread
+over files by inheritance). A module past 600 lines must be named below with why it stays whole."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("yue2_jobs", "workers", "tests", "benchmarks")
-MAX_MODULE_LINES = 300
+LOOK_AT_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
-# One model, one file, as in Hugging Face's modeling_bart.py.
-LONG_MODULES = {"yue2_jobs/model/modeling_yue2.py"}
+# Modules past LOOK_AT_MODULE_LINES, each with the reason it is one concept (none today).
+LONG_MODULES: dict[str, str] = {}
 # Benchmarks are straight-line scripts, read top to bottom.
 LONG_FUNCTIONS_UNDER = ("benchmarks/",)
 
@@ -21,10 +22,29 @@ def _modules() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py") if "_shipped" not in p.parts)
 
 
-def test_modules_have_at_most_300_lines() -> None:
+def test_modules_past_600_lines_are_named_with_a_reason() -> None:
     long = {str(p.relative_to(ROOT)): n for p in _modules()
-            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert set(long) <= LONG_MODULES, {k: v for k, v in long.items() if k not in LONG_MODULES}
+            if (n := len(p.read_text().splitlines())) > LOOK_AT_MODULE_LINES}
+    assert set(long) <= set(LONG_MODULES), {k: v for k, v in long.items() if k not in LONG_MODULES}
+
+
+def test_no_class_is_spread_over_modules_by_inheritance() -> None:
+    """A class that subclasses a class of a sibling module is one concept in two files (what a line
+    cap once caused: ContinuousBatcher(WorkingSet)); compose instead. An error hierarchy and
+    SQLAlchemy's declarative `Base` are what inheritance across modules is for."""
+    found = []
+    for path in _modules():
+        rel = path.relative_to(ROOT)
+        package = ".".join(rel.with_suffix("").parts[:-1])
+        tree = ast.parse(path.read_text())
+        siblings = {a.asname or a.name: node.module for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    and node.module.rpartition(".")[0] == package for a in node.names}
+        found += [f"{rel}:{node.lineno} {node.name}({b.id}) from {siblings[b.id]}"
+                  for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+                  for b in node.bases if isinstance(b, ast.Name) and b.id in siblings
+                  and not b.id.endswith("Error") and b.id != "Base"]
+    assert not found, found
 
 
 def test_functions_have_at_most_80_lines() -> None:

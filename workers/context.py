@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,7 @@ from workers.metrics import WorkerMetrics
 from workers.protocol import Runner, engine_runner
 from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
+from yue2_jobs.jobs.state import ClaimedJob
 from yue2_jobs.storage import Storage
 
 
@@ -43,12 +45,12 @@ class WorkerContext:
             er = engine_runner(self.runner)
             self.metrics = WorkerMetrics(worker=self.name, max_rows=er.engine.max_rows if er and er.engine else 1)
 
-    def hold(self, rows: list[Any]) -> None:
+    def hold(self, rows: list[ClaimedJob]) -> None:
         """Claims the heartbeat renews from now on."""
         with self.lock:
             self.claims.update({r.id: r.claim_token for r in rows})
 
-    def let_go(self, job_ids: Any) -> None:
+    def let_go(self, job_ids: Iterable[str]) -> None:
         """Stop renewing these claims: recorded, or given back (the lease expires and the reconciler
         reruns the job)."""
         with self.lock:

@@ -6,13 +6,38 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from yue2_jobs.decode.params import DecodingParams
+from yue2_jobs.jobs.params import LongInput
+
 
 @dataclass(frozen=True)
 class JobInput:
+    """One job as a runner reads it. `params`: as stored (a render job's are its render options).
+    A text job's decoding parameters are parsed once, where its input is loaded (`of`), into
+    `decoding`, which the decode session takes as it is."""
+
     id: str
     kind: str
     text: str
     params: dict[str, Any]
+    decoding: DecodingParams | None = None  # None: not a text job
+    long_input: LongInput = "truncate"
+
+    @classmethod
+    def of(cls, *, id: str, kind: str, text: str, params: dict[str, Any]) -> JobInput:
+        """A job from its row; a text job's stored parameters that no longer parse raise ValueError
+        (the job fails alone)."""
+        if kind == "render_font":
+            return cls(id=id, kind=kind, text=text, params=params)
+        return cls(id=id, kind=kind, text=text, params=params, decoding=DecodingParams.from_mapping(params),
+                   long_input=params.get("long_input") or "truncate")
+
+    @property
+    def decoding_params(self) -> DecodingParams:
+        """`decoding`, for a runner that decodes text (a render job has none: a TypeError)."""
+        if self.decoding is None:
+            raise TypeError(f"job {self.id} is a {self.kind} job: it has no decoding parameters")
+        return self.decoding
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from transformers import PreTrainedTokenizerBase
 from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.sentences import split_sentences
 
-LONG_INPUT = ("truncate", "reject", "chunk")
 MAX_REDUCE_LEVELS = 4  # summaries are far shorter than their windows: 2 levels cover ~40k words
 
 

@@ -96,9 +96,10 @@ class WorkerMetrics:
         self.graph_capture.labels(self.worker).set(getattr(runner, "graph_capture_s", 0.0))
 
     def sample_modes(self, runner: Any) -> None:
-        """Copy the `auto` chooser's measurements (a model runner's; a font runner has none)."""
-        model = getattr(runner, "model", None)
-        chooser = getattr(model, "_yue2_mode_chooser", None)
+        """Copy the `auto` chooser's measurements (a model runner's decode session's; a font runner
+        has no session)."""
+        session = getattr(runner, "session", None)
+        chooser = getattr(session, "chooser", None)
         for bucket, row in (chooser.table() if chooser is not None else {}).items():
             for mode in ("ar", "hybrid"):
                 if f"{mode}_tok_s" in row:

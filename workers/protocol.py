@@ -15,7 +15,8 @@ from workers.job_io import JobInput, JobOutput
 
 if TYPE_CHECKING:
     from yue2_jobs.core.config import Settings
-    from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest, DecodeResult
+    from yue2_jobs.decode.continuous import ContinuousBatcher
+    from yue2_jobs.decode.requests import DecodeRequest, DecodeResult
 
 
 @runtime_checkable
@@ -31,17 +32,17 @@ class Runner(Protocol):
 
 @runtime_checkable
 class EngineRunner(Runner, Protocol):
-    engine: ContinuousBatcher | None  # None: this runner was built for static batching
+    engine: ContinuousBatcher[str] | None  # None: this runner was built for static batching
 
     def continuous_ok(self, job: JobInput) -> bool:
         """Whether the engine can decode `job`; the rest go through `run`."""
         ...
 
-    def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest], dict[str, Exception]]:
-        """Engine requests for `jobs`, and the jobs that failed before decoding (by id)."""
+    def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest[str]], dict[str, Exception]]:
+        """Engine requests for `jobs` (keyed by job id), and the jobs that failed before decoding (by id)."""
         ...
 
-    def output_of(self, res: DecodeResult) -> JobOutput | Exception:
+    def output_of(self, res: DecodeResult[str]) -> JobOutput | Exception:
         """An engine result as the job's output (or its failure)."""
         ...
 

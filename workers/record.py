@@ -25,7 +25,7 @@ from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs.inputs import read_input
 from yue2_jobs.jobs.keys import file_key, output_key
 from yue2_jobs.jobs.outputs import OutputFacts, output_body
-from yue2_jobs.jobs.state import finish_jobs
+from yue2_jobs.jobs.state import ClaimedJob, finish_jobs
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return {"code": "job_failed", "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
-def failed_result(runner: Runner, row: Any, exc: BaseException) -> dict[str, Any]:
+def failed_result(runner: Runner, row: ClaimedJob, exc: BaseException) -> dict[str, Any]:
     return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
             "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
 
@@ -46,19 +46,20 @@ def _deadline(ctx: WorkerContext) -> float:
     return time.monotonic() + ctx.settings.outage_retry_s
 
 
-def load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], list[dict[str, Any]], list[Any]]:
+def load_inputs(ctx: WorkerContext, rows: list[ClaimedJob]
+                ) -> tuple[list[JobInput], list[dict[str, Any]], list[ClaimedJob]]:
     """(inputs to run, failed results, rows given back): an input storage cannot give for now is
     retried, then given back; one it refuses for good fails its job alone."""
     inputs: list[JobInput] = []
     failed: list[dict[str, Any]] = []
-    given_back: list[Any] = []
+    given_back: list[ClaimedJob] = []
     deadline = _deadline(ctx)
     for row in rows:
         try:
             text = retrying(lambda row=row: read_input(ctx.storage, input_text=row.input_text,  # type: ignore[misc]
                                                        input_key=row.input_key, kind=row.kind),
                             deadline=deadline, what=f"reading the input of {row.id}")
-            inputs.append(JobInput(id=row.id, kind=row.kind, text=text, params=row.params))
+            inputs.append(JobInput.of(id=row.id, kind=row.kind, text=text, params=row.params))
         except Exception as exc:
             if transient(exc):
                 given_back.append(row)
@@ -71,7 +72,7 @@ def load_inputs(ctx: WorkerContext, rows: list[Any]) -> tuple[list[JobInput], li
     return inputs, failed, given_back
 
 
-def _store_output(ctx: WorkerContext, runner: Runner, row: Any, out: JobOutput, deadline: float
+def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobOutput, deadline: float
                   ) -> tuple[list[Future[None]], dict[str, Any]]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     used = out.input_tokens if out.input_tokens_used is None else out.input_tokens_used
@@ -107,7 +108,7 @@ def _finish(ctx: WorkerContext, results: list[dict[str, Any]], deadline: float) 
     retrying(once, deadline=deadline, what=f"recording {len(results)} results")
 
 
-def record(ctx: WorkerContext, runner: Runner, rows: list[Any], inputs: list[JobInput],
+def record(ctx: WorkerContext, runner: Runner, rows: list[ClaimedJob], inputs: list[JobInput],
            outputs: list[JobOutput | Exception],
            failed: list[dict[str, Any]]) -> None:
     """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
@@ -116,7 +117,7 @@ def record(ctx: WorkerContext, runner: Runner, rows: list[Any], inputs: list[Job
         by_id = {r.id: r for r in rows}
         results = list(failed)
         deadline = _deadline(ctx)
-        puts: list[tuple[list[Future[None]], Any, dict[str, Any]]] = []
+        puts: list[tuple[list[Future[None]], ClaimedJob, dict[str, Any]]] = []
         for job_in, out in zip(inputs, outputs, strict=True):
             row = by_id[job_in.id]
             if isinstance(out, JobOutput):

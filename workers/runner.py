@@ -19,57 +19,53 @@ import torch
 from workers.job_io import JobInput, JobOutput
 from workers.long_input import MAX_REDUCE_LEVELS, InputTooLongError, count_tokens, windows
 from yue2_jobs.core.config import Settings
+from yue2_jobs.decode.continuous import ContinuousBatcher
+from yue2_jobs.decode.params import DecodingParams
+from yue2_jobs.decode.requests import DecodeRequest, DecodeResult
+from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.errors import JobExecutionError
 from yue2_jobs.jobs.params import TEXT_FIELD
-from yue2_jobs.model.checkpoint import directory_version, load_verified
-from yue2_jobs.model.continuous import ContinuousBatcher, DecodeRequest, DecodeResult
-from yue2_jobs.model.decoding import DecodingParams
-from yue2_jobs.model.device import resolve_device, resolve_dtype
-from yue2_jobs.model.generation import generate
+from yue2_jobs.model.checkpoint import directory_version
 
 log = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    """Loads one checkpoint of `variant` (`directory`, default the configured seed directory);
-    `run` returns one output or exception per job, in order. A hot swap builds a new runner."""
+    """One checkpoint of `variant` (`directory`, default the configured seed directory) in a
+    `DecodeSession`; `run` returns one output or exception per job, in order. A hot swap builds a
+    new runner (a new session: nothing carries over but the settings)."""
 
     def __init__(self, *, variant: str, settings: Settings, directory: Path | None = None) -> None:
         directory = Path(directory or settings.checkpoints[variant])
         if settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
-        loaded = load_verified(directory)  # every file hashed once, against the manifest
+        # Every file hashed once, against the manifest, then moved to the configured device and dtype.
+        self.session = DecodeSession.load(directory, device=settings.device, dtype=settings.dtype)
+        assert self.session.tokenizer is not None
+        self.tokenizer = self.session.tokenizer
         self.variant, self.settings, self.directory = variant, settings, directory
         self.checkpoint: str = f"{variant}@{directory_version(directory)}"
-        self.weights_sha256: str | None = loaded.weights_sha256
-        self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.device = resolve_device(settings.device)
-        self.dtype = resolve_dtype(settings.dtype, self.device)
-        self.model.to(self.device, dtype=self.dtype)
+        self.weights_sha256: str | None = self.session.weights_sha256
         self.max_batch = settings.batch_max_jobs
-        self.max_input_tokens = min(self.tokenizer.model_max_length, self.model.config.max_position_embeddings)
+        self.max_input_tokens = self.session.max_input_tokens
         self._full_tokens: dict[str, int] = {}  # engine jobs' whole input length, until their output
-        self.engine: ContinuousBatcher | None = None
+        self.engine: ContinuousBatcher[str] | None = None
         if settings.batching == "continuous":
-            self.engine = ContinuousBatcher(self.model, max_rows=settings.engine_max_rows,
-                                            max_tokens=settings.engine_max_tokens)
+            self.engine = self.session.engine(max_rows=settings.engine_max_rows, max_tokens=settings.engine_max_tokens)
         self.graph_count, self.graph_capture_s = 0, 0.0
-        if self.device.type == "cuda" and settings.cuda_graphs:  # at start, so no job waits for a capture
-            from yue2_jobs.model.graphs import capture_for_serving
-
-            captured = capture_for_serving(self.model, max_rows=settings.engine_max_rows)
+        if self.session.device.type == "cuda" and settings.cuda_graphs:  # at start, so no job waits for a capture
+            captured = self.session.capture_graphs(max_rows=settings.engine_max_rows)
             self.graph_count = sum(g.count for g in captured)
             self.graph_capture_s = sum(g.capture_s for g in captured)
 
     def continuous_ok(self, job: JobInput) -> bool:
         """Whether the engine can decode this job (greedy auto/ar/hybrid with the checkpoint's
         repetition controls, one window of input); the rest go through `run`."""
-        return (self.engine is not None and DecodingParams.from_mapping(job.params).engine_ok
-                and job.params.get("long_input") != "chunk")
+        return self.engine is not None and job.decoding_params.engine_ok and job.long_input != "chunk"
 
     def _check_length(self, job: JobInput, n: int) -> None:
         """Raises InputTooLongError when the job's `n` input tokens are too many and it says long_input=reject."""
-        if n > self.max_input_tokens and job.params.get("long_input") == "reject":
+        if n > self.max_input_tokens and job.long_input == "reject":
             raise InputTooLongError(field=TEXT_FIELD.get(job.kind, "input"), tokens=n, limit=self.max_input_tokens,
                                     checkpoint=self.checkpoint)
 
@@ -81,17 +77,16 @@ class ModelRunner:
             return len(ids), ids
         return len(ids), self.tokenizer(job.text, truncation=True, max_length=self.max_input_tokens)["input_ids"]
 
-    def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest], dict[str, Exception]]:
-        """Engine requests for `jobs`; a job whose input cannot be tokenized fails alone."""
-        requests: list[DecodeRequest] = []
+    def requests_for(self, jobs: list[JobInput]) -> tuple[list[DecodeRequest[str]], dict[str, Exception]]:
+        """Engine requests for `jobs` (keyed by job id); a job whose input cannot be tokenized fails alone."""
+        requests: list[DecodeRequest[str]] = []
         failed: dict[str, Exception] = {}
         for job in jobs:
             try:
                 n, ids = self.encode(job)
                 self._check_length(job, n)
                 self._full_tokens[job.id] = n
-                requests.append(DecodeRequest(id=job, input_ids=ids, mode=job.params["mode"],
-                                              max_new_tokens=job.params["max_new_tokens"]))
+                requests.append(DecodeRequest(key=job.id, input_ids=ids, params=job.decoding_params))
             except InputTooLongError as exc:
                 failed[job.id] = exc
             except Exception as exc:
@@ -99,34 +94,34 @@ class ModelRunner:
                 failed[job.id] = JobExecutionError(f"decoding failed: {type(exc).__name__}: {exc}")
         return requests, failed
 
-    def output_of(self, res: DecodeResult) -> JobOutput | Exception:
+    def output_of(self, res: DecodeResult[str]) -> JobOutput | Exception:
         """An engine result as the job's output (or its failure)."""
         if res.error is not None:
             return JobExecutionError(f"decoding failed: {type(res.error).__name__}: {res.error}")
         assert res.stats is not None
         text = self.tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
         used = len(res.request.input_ids)
-        full = self._full_tokens.pop(res.request.id.id, used)
+        full = self._full_tokens.pop(res.request.key, used)
         return JobOutput(text=text, input_tokens=full, output_tokens=res.stats.tokens,
                          decoder_steps=res.stats.decoder_steps, nar_tokens=res.stats.nar_tokens,
-                         mode=res.request.ran, input_tokens_used=used, input_truncated=full > used)
+                         mode=res.mode, input_tokens_used=used, input_truncated=full > used)
 
     def run(self, jobs: list[JobInput]) -> list[JobOutput | Exception]:
         results: dict[str, JobOutput | Exception] = {}
-        groups: dict[str, list[JobInput]] = defaultdict(list)
+        groups: dict[tuple[DecodingParams, str], list[JobInput]] = defaultdict(list)
         for job in jobs:
             self._full_tokens.pop(job.id, None)  # a rerun after a failed engine step counts afresh
-            if job.params.get("long_input") in ("reject", "chunk"):  # `generate` counts the rest's tokens
+            if job.long_input in ("reject", "chunk"):  # `generate` counts the rest's tokens
                 n = count_tokens(self.tokenizer, job.text)
                 try:
                     self._check_length(job, n)
                 except InputTooLongError as exc:
                     results[job.id] = exc
                     continue
-                if n > self.max_input_tokens and job.params["long_input"] == "chunk":
+                if n > self.max_input_tokens and job.long_input == "chunk":
                     self._run_isolating([job], results, chunked=True)
                     continue
-            groups[repr(sorted(job.params.items()))].append(job)
+            groups[job.decoding_params, job.long_input].append(job)
         for group in groups.values():
             group.sort(key=lambda j: len(j.text))
             for start in range(0, len(group), self.max_batch):
@@ -153,9 +148,7 @@ class ModelRunner:
         full = [len(ids) for ids in self.tokenizer([j.text for j in jobs], verbose=False)["input_ids"]]
         enc = self.tokenizer([j.text for j in jobs], truncation=True, max_length=self.max_input_tokens,
                              padding=True, return_tensors="pt")
-        res = generate(self.model, input_ids=enc["input_ids"].to(self.device),
-                       attention_mask=enc["attention_mask"].to(self.device),
-                       params=DecodingParams.from_mapping(jobs[0].params), return_dict_in_generate=True)
+        res = self.session.generate(enc["input_ids"], enc["attention_mask"], jobs[0].decoding_params)
         texts = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
         used = enc["attention_mask"].sum(dim=1).tolist()
         return [JobOutput(text=t.strip(), input_tokens=n, output_tokens=st.tokens, decoder_steps=st.decoder_steps,

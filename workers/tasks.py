@@ -10,24 +10,21 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future
 from typing import Any
 
 from celery import Celery
 from celery_batches import Batches
 from sqlalchemy import select
 
-from workers.claims import claim_group, in_db, wait_all
 from workers.context import WorkerContext
 from workers.engine_loop import run_continuous
+from workers.micro_batch import MicroBatch, in_db
 from workers.protocol import engine_runner
-from workers.record import load_inputs, record
+from workers.record import load_inputs
 from workers.swap import adopt_pending
 from workers.task_events import announce
 from yue2_jobs.core.config import Settings
-from yue2_jobs.core.retry import transient
 from yue2_jobs.db.models import Job
-from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.queue import TASK_NAME
 
 log = logging.getLogger(__name__)
@@ -42,60 +39,39 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     """
     s = ctx.settings
     job_ids = list(dict.fromkeys(job_ids))
-    pending: list[Future[None]] = []
-    batch_ids: set[str] = set()
-    claimed: set[str] = set()
     t_start, decode_s = time.perf_counter(), 0.0
-    try:
-        with ctx.sessions() as session:
-            def read_attempts() -> dict[str, int]:
-                found = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).all())
-                session.commit()
-                return found
+    with ctx.sessions() as session, MicroBatch(ctx, session) as batch:
+        def read_attempts() -> dict[str, int]:
+            found = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).tuples().all())
+            session.commit()
+            return found
 
-            attempts = in_db(ctx, session, "reading attempts", read_attempts)
-            fresh = [j for j in job_ids if attempts.get(j) == 0]
-            suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
-            # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
-            # they come; suspects are claimed one at a time, right before they run alone.
-            size = s.batch_max_jobs
-            groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
-            if engine_runner(ctx.runner) is not None:
-                decode_s += run_continuous(ctx, session, groups, pending, batch_ids, claimed)
-                groups = []
-            for group in [*groups, *([j] for j in suspects)]:
-                if len(group) == 1 and group[0] in suspects:
-                    wait_all(pending)  # a suspect may kill this process: keep what is done so far
-                adopt_pending(ctx)  # a hot swap lands between groups
-                rows = claim_group(ctx, session, group, batch_ids, claimed)
-                if not rows:
-                    continue
-                runner = ctx.runner
-                inputs, failed, _ = load_inputs(ctx, rows)
-                t_decode = time.perf_counter()
-                outputs = runner.run(inputs) if inputs else []
-                decode_s += time.perf_counter() - t_decode
-                pending.append(ctx.recorder.submit(record, ctx, runner, rows, inputs, outputs, failed))
-    finally:
-        try:
-            wait_all(pending)
-        finally:
-            ctx.let_go(claimed)  # recorded ones are gone already; the rest are given back
-    _finalize(ctx, batch_ids)
+        attempts = in_db(ctx, session, "reading attempts", read_attempts)
+        fresh = [j for j in job_ids if attempts.get(j) == 0]
+        suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
+        # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
+        # they come; suspects are claimed one at a time, right before they run alone.
+        size = s.batch_max_jobs
+        groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
+        if engine_runner(ctx.runner) is not None:
+            decode_s += run_continuous(ctx, batch, groups)
+            groups = []
+        for group in [*groups, *([j] for j in suspects)]:
+            if len(group) == 1 and group[0] in suspects:
+                batch.wait()  # a suspect may kill this process: keep what is done so far
+            adopt_pending(ctx)  # a hot swap lands between groups
+            rows = batch.claim(group)
+            if not rows:
+                continue
+            runner = ctx.runner
+            inputs, failed, _ = load_inputs(ctx, rows)
+            t_decode = time.perf_counter()
+            outputs = runner.run(inputs) if inputs else []
+            decode_s += time.perf_counter() - t_decode
+            batch.record(runner, rows, inputs, outputs, failed)
+    batch.finish()
     log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
              decode_s)
-
-
-def _finalize(ctx: WorkerContext, batch_ids: set[str]) -> None:
-    for batch_id in batch_ids - {None}:
-        try:
-            with ctx.sessions() as session:
-                try_finalize(session, batch_id=batch_id, storage=ctx.storage)
-        except Exception as exc:
-            if not transient(exc):
-                raise
-            # Its files are written by the reconciler's next pass once the outage is over.
-            log.warning("finalizing batch %s: %s; the reconciler will finish it", batch_id, type(exc).__name__)
 
 
 def _ids(arg: str | list[str]) -> list[str]:

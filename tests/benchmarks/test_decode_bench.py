@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from tests.model.conftest import ROOT
+from tests.tiny_models import ROOT
 
 
 def test_decode_benchmark_writes_every_method(tmp_path):

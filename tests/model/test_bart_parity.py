@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSeq2SeqLM, BartForConditionalGeneration
 
-from tests.model.conftest import MAX_NEW
+from tests.tiny_models import MAX_NEW, generate
 from yue2_jobs.cli import main as cli_main
 from yue2_jobs.model import Yue2ForConditionalGeneration
 from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
-from yue2_jobs.model.generation import generate
 
 
 def _hf_greedy(bart: BartForConditionalGeneration, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -60,7 +59,8 @@ def test_convert_bart_command_round_trips_through_auto_classes(varied_bart, bart
     loaded = AutoModelForSeq2SeqLM.from_pretrained(dst)
     assert isinstance(loaded, Yue2ForConditionalGeneration)
     ids, mask = bart_batch
-    assert torch.equal(loaded.generate(ids, mask, max_new_tokens=MAX_NEW), _hf_greedy(varied_bart, ids, mask))
+    assert torch.equal(generate(loaded, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW),
+                       _hf_greedy(varied_bart, ids, mask))
 
 
 def test_export_to_bart_is_the_inverse(varied_bart):
@@ -73,7 +73,7 @@ def test_scaled_embeddings_and_forced_bos_match_hf(bart_batch):
     """bart-large-cnn style: sqrt(d_model) embedding scale and BOS forced as the first token."""
     from transformers import BartConfig
 
-    from tests.model.conftest import BART_SHAPE
+    from tests.tiny_models import BART_SHAPE
 
     torch.manual_seed(4)
     bart = BartForConditionalGeneration(BartConfig(**{**BART_SHAPE, "init_std": 0.05}, scale_embedding=True)).eval()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
-from tests.model.conftest import varied_inputs
+from tests.tiny_models import generate, varied_inputs
 from yue2_jobs.errors import CheckpointCorruptError, CheckpointFileMissingError, PickleWeightsRefusedError
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import MANIFEST, load_checkpoint, save_checkpoint
@@ -29,7 +29,8 @@ def test_round_trip_through_auto_classes(tiny_yue2, checkpoint):
     for name, tensor in tiny_yue2.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor), name
     ids, mask = varied_inputs(vocab=300, lengths=[7, 3])
-    assert torch.equal(loaded.generate(ids, mask, max_new_tokens=8), tiny_yue2.generate(ids, mask, max_new_tokens=8))
+    assert torch.equal(generate(loaded, input_ids=ids, attention_mask=mask, max_new_tokens=8),
+                       generate(tiny_yue2, input_ids=ids, attention_mask=mask, max_new_tokens=8))
     assert AutoTokenizer.from_pretrained(checkpoint).decode([5, 6]) is not None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from tests.model.conftest import ROOT
+from tests.tiny_models import ROOT
 from yue2_jobs.model.tokenizer import train_tokenizer
 
 SAMPLES = [

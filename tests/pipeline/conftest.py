@@ -252,7 +252,7 @@ def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[.
 
 @pytest.fixture(scope="session")
 def eval_texts() -> list[str]:
-    from yue2_jobs.model.data import read_split
+    from yue2_jobs.training.data import read_split
 
     return [r["text"] for r in read_split(ROOT / "data", "general", "eval")]
 

@@ -21,7 +21,7 @@ from yue2_jobs.db.session import session_factory
 @cache
 def direct_summaries(texts: tuple[str, ...], mode: str = "hybrid") -> dict[str, str]:
     """What calling the model directly gives, without the pipeline."""
-    from yue2_jobs.model.evaluate import summarize
+    from yue2_jobs.training.evaluate import summarize
 
     model, tokenizer = shipped_base()
     unique = sorted(set(texts))

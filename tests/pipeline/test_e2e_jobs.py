@@ -25,6 +25,8 @@ def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, worke
                                                            ) -> None:
     import torch
 
+    from yue2_jobs.decode.session import DecodeSession
+
 
     text = eval_texts[3]
     worker = workers()
@@ -46,9 +48,9 @@ def test_single_jobs_generate_and_modes_equal_direct_calls(client: Client, worke
     model, tokenizer = shipped_base()
     enc = tokenizer([text], truncation=True, max_length=tokenizer.model_max_length, return_tensors="pt")
     with torch.inference_mode():
-        seq = model.generate(enc["input_ids"], enc["attention_mask"], yue_mode="ar", do_sample=True, seed=7,
+        seq = DecodeSession(model).generate(enc["input_ids"], enc["attention_mask"], mode="ar", do_sample=True, seed=7,
                              temperature=0.8, max_new_tokens=20)
-    assert done["sampled"]["output"] == tokenizer.decode(seq[0], skip_special_tokens=True).strip()
+    assert done["sampled"]["output"] == tokenizer.decode(seq.sequences[0], skip_special_tokens=True).strip()
     assert done["sampled"]["kind"] == "generate"
 
 
@@ -57,6 +59,8 @@ def test_long_inputs_and_repetition_controls_through_the_pipeline(client: Client
     """long_input truncate / reject / chunk and the repetition controls, as single jobs and as
     batch lines: a rejected line fails alone, the others record what happened to their input."""
     import torch
+
+    from yue2_jobs.decode.session import DecodeSession
 
 
     long_text = ""
@@ -87,9 +91,9 @@ def test_long_inputs_and_repetition_controls_through_the_pipeline(client: Client
     assert chunked["decoding"]["decoder_steps"] > chunked["decoding"]["chunks"]
     enc = tokenizer([eval_texts[5]], return_tensors="pt")
     with torch.inference_mode():
-        seq = model.generate(enc["input_ids"], enc["attention_mask"], yue_mode="ar", no_repeat_ngram_size=2,
+        seq = DecodeSession(model).generate(enc["input_ids"], enc["attention_mask"], mode="ar", no_repeat_ngram_size=2,
                              repetition_penalty=1.3, max_new_tokens=done["controls"]["params"]["max_new_tokens"])
-    assert done["controls"]["output"] == tokenizer.decode(seq[0], skip_special_tokens=True).strip()
+    assert done["controls"]["output"] == tokenizer.decode(seq.sequences[0], skip_special_tokens=True).strip()
 
     path = tmp_path / "long.jsonl"
     lines = [{"custom_id": c, "method": "POST", "url": "/v1/summarize", "body": {"input": t, **extra}}

@@ -13,7 +13,7 @@ from tests.pipeline.test_e2e import batch_jobs, wait_batch
 from yue2_jobs.client import ApiError, Client
 from yue2_jobs.db.models import JobStatus
 from yue2_jobs.jobs.assignment import split_variant
-from yue2_jobs.model.data import read_split
+from yue2_jobs.training.data import read_split
 
 N = 30  # items per eval set
 

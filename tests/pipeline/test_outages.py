@@ -116,7 +116,7 @@ def test_an_upload_outage_is_retried_and_never_fails_the_job(pipeline: Any, tmp_
     ids, rows = _claimed(settings, sessions, storage, ["one two three", "four five six"])
     ctx.hold(rows)
     storage.down["put"] = 4  # the next four PUTs find storage unreachable
-    inputs = [JobInput(id=r.id, kind=r.kind, text=r.input_text, params=r.params) for r in rows]
+    inputs = [JobInput.of(id=r.id, kind=r.kind, text=r.input_text, params=r.params) for r in rows]
     outputs = ctx.runner.run(inputs)
     record(ctx, ctx.runner, rows, inputs, outputs, [])
     with sessions() as session:
@@ -132,7 +132,7 @@ def test_an_outage_past_the_deadline_gives_the_jobs_back(pipeline: Any, tmp_path
     ids, rows = _claimed(settings, sessions, storage, ["one two three"])
     ctx.hold(rows)
     storage.down["put"] = 10_000  # down for good
-    inputs = [JobInput(id=r.id, kind=r.kind, text=r.input_text, params=r.params) for r in rows]
+    inputs = [JobInput.of(id=r.id, kind=r.kind, text=r.input_text, params=r.params) for r in rows]
     record(ctx, ctx.runner, rows, inputs, [JobOutput("x", 1, 1, 1, 0)], [])
     with sessions() as session:
         job = session.get_one(Job, ids[0])

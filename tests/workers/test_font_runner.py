@@ -24,7 +24,7 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> FontRunner:
 def job(text: str, i: int = 0, **params: Any) -> JobInput:
     # The API refuses NUL and lone surrogates before a job exists; the runner must cope with any text.
     body = RenderBody(text="x", **params).model_dump(exclude={"kind", "custom_id", "text"})
-    return JobInput(id=f"j{i}", kind="render_font", text=text, params=body)
+    return JobInput.of(id=f"j{i}", kind="render_font", text=text, params=body)
 
 
 def test_bad_jobs_fail_alone(runner: FontRunner, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.model.conftest import ROOT
+from tests.tiny_models import ROOT
 from workers.job_io import JobInput
 from workers.long_input import InputTooLongError, count_tokens, windows
 from yue2_jobs.core.config import Settings
-from yue2_jobs.model.data import read_split
+from yue2_jobs.training.data import read_split
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,8 @@ def long_text() -> str:
 
 
 def _job(text: str, job_id: str = "j", **params) -> JobInput:
-    return JobInput(id=job_id, kind="summarize", text=text, params={"mode": "hybrid", "max_new_tokens": 48, **params})
+    return JobInput.of(id=job_id, kind="summarize", text=text,
+                       params={"mode": "hybrid", "max_new_tokens": 48, **params})
 
 
 def test_windows_fit_and_keep_every_word_in_order(runner, long_text):
@@ -50,7 +51,7 @@ def test_a_sentence_or_word_longer_than_a_window_is_cut(runner):
 
 
 def test_limit_comes_from_the_checkpoint(runner):
-    model_limit = runner.model.config.max_position_embeddings
+    model_limit = runner.session.model.config.max_position_embeddings
     assert runner.max_input_tokens == min(runner.tokenizer.model_max_length, model_limit)
 
 

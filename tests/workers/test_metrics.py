@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from workers.metrics import WorkerMetrics
 from yue2_jobs.core.net import free_port
-from yue2_jobs.model.continuous import EngineCounters
+from yue2_jobs.decode.continuous import EngineCounters
 
 
 def test_engine_counters_fold_in_once_and_survive_a_new_engine() -> None:
@@ -46,13 +46,13 @@ def test_metrics_listen_on_loopback_unless_configured() -> None:
 
 
 def test_graph_capture_and_auto_mode_measurements_are_exported() -> None:
-    from yue2_jobs.model.auto_mode import ModeChooser
+    from yue2_jobs.decode.auto_mode import ModeChooser
 
     m = WorkerMetrics(worker="w", max_rows=4)
     chooser = ModeChooser(warmup=1)
     chooser.observe("ar", 1, tokens=100, seconds=0.1)
     chooser.observe("hybrid", 1, tokens=100, seconds=0.05)
-    runner = SimpleNamespace(graph_count=16, graph_capture_s=2.5, model=SimpleNamespace(_yue2_mode_chooser=chooser))
+    runner = SimpleNamespace(graph_count=16, graph_capture_s=2.5, session=SimpleNamespace(chooser=chooser))
     m.runner_loaded(runner)
     m.sample_modes(runner)
     m.sample_modes(SimpleNamespace())  # a font runner: no model, nothing to export

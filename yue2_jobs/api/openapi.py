@@ -52,9 +52,9 @@ def _text(limit: int) -> dict[str, Any]:
 def _job_bodies(settings: Settings) -> dict[str, Any]:
     """The three bodies POST /v1/jobs accepts, as exactly as JSON Schema can say it: what
     `validate_job` refuses, each schema refuses too (and the reverse)."""
+    from yue2_jobs.decode.params import GREEDY_ONLY_MODES
     from yue2_jobs.fonts.params import RenderBody
     from yue2_jobs.jobs.params import JobBody
-    from yue2_jobs.model.decoding import GREEDY_ONLY_MODES
 
     def job(kind: str, text_field: str) -> dict[str, Any]:
         schema = JobBody.model_json_schema()

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session
 from yue2_jobs.checkpoints.registry import finish_validation, start_validation, version_prefix
 from yue2_jobs.db.models import CheckpointVersion
 from yue2_jobs.errors import CheckpointSmokeTestError
-from yue2_jobs.model.checkpoint import load_checkpoint
+from yue2_jobs.decode.params import DecodingParams
+from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.storage import Storage
 
 SMOKE_PROMPTS = (
@@ -48,13 +49,13 @@ class RougeGate:
         return cls(corpus=settings.validation_eval_sets.get(variant, variant),
                    minimum=settings.validation_min_rouge_l[variant], items=settings.validation_rouge_items)
 
-    def check(self, model: Any, tokenizer: Any, directory: Path) -> float:
+    def check(self, session: DecodeSession, directory: Path) -> float:
         from yue2_jobs.core.paths import DATA
-        from yue2_jobs.model.data import read_split
-        from yue2_jobs.model.evaluate import rouge, summarize
+        from yue2_jobs.training.data import read_split
+        from yue2_jobs.training.evaluate import rouge
 
         rows = read_split(DATA, self.corpus, "eval")[: self.items]
-        preds = summarize(model, tokenizer, [r["text"] for r in rows], mode="ar")
+        preds = session.summarize([r["text"] for r in rows], DecodingParams(mode="ar"))
         score = 100 * rouge(preds, [r["summary"] for r in rows]).rougeL
         if score < self.minimum:
             raise CheckpointSmokeTestError(f"ROUGE-L {score:.2f} on {len(rows)} {self.corpus} eval items is under "
@@ -85,7 +86,9 @@ def download(store: Storage, *, variant: str, version: str, cache_dir: Path) -> 
 @torch.inference_mode()
 def validate_dir(directory: Path, *, rouge_gate: RougeGate | None = None) -> None:
     """Raise a CheckpointError naming what is wrong with the checkpoint in `directory`."""
-    model, tokenizer = load_checkpoint(directory)  # verifies every file against the manifest first
+    session = DecodeSession.load(directory, device="cpu", dtype="float32")  # verifies every file first
+    model, tokenizer = session.model, session.tokenizer
+    assert tokenizer is not None
     for name, weight in model.state_dict().items():
         if weight.is_floating_point() and not bool(torch.isfinite(weight).all()):
             raise CheckpointSmokeTestError(f"weight {name} holds NaN or Inf values", path=str(directory))
@@ -94,12 +97,12 @@ def validate_dir(directory: Path, *, rouge_gate: RougeGate | None = None) -> Non
     logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], decoder_input_ids=start).logits
     if not bool(torch.isfinite(logits).all()):
         raise CheckpointSmokeTestError("the smoke prompts give NaN or Inf logits", path=str(directory))
-    out = model.generate(enc["input_ids"], enc["attention_mask"], yue_mode="ar", max_new_tokens=SMOKE_NEW_TOKENS)
-    for i, text in enumerate(tokenizer.batch_decode(out, skip_special_tokens=True)):
+    out = session.generate(enc["input_ids"], enc["attention_mask"], mode="ar", max_new_tokens=SMOKE_NEW_TOKENS)
+    for i, text in enumerate(tokenizer.batch_decode(out.sequences, skip_special_tokens=True)):
         if not text.strip():
             raise CheckpointSmokeTestError(f"smoke prompt {i} decodes to an empty output", path=str(directory))
     if rouge_gate is not None:
-        rouge_gate.check(model, tokenizer, directory)
+        rouge_gate.check(session, directory)
 
 
 def validate_version(session: Session, row: CheckpointVersion, *, store: Storage, cache_dir: Path,

@@ -7,6 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from yue2_jobs.core.config import Settings, settings_or_exit
+from yue2_jobs.decode.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, MODES, DecodingParams
 
 if TYPE_CHECKING:
     from yue2_jobs.client import Client
@@ -37,5 +38,19 @@ def add_controls(p: argparse.ArgumentParser) -> None:
                    help="ban repeating any n-gram of this size (default: the checkpoint's generation config)")
 
 
-def controls(args: argparse.Namespace) -> dict[str, float | int | None]:
-    return {"repetition_penalty": args.repetition_penalty, "no_repeat_ngram_size": args.no_repeat_ngram_size}
+def add_decoding(p: argparse.ArgumentParser) -> None:
+    """`--mode`, `--max-new-tokens` and the repetition controls, defaulting as a job does."""
+    p.add_argument("--mode", default=DEFAULT_MODE, choices=MODES, help=f"decoding mode (default {DEFAULT_MODE})")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help=f"length cap in tokens (default {DEFAULT_MAX_NEW_TOKENS})")
+    add_controls(p)
+
+
+def decoding(args: argparse.Namespace) -> DecodingParams:
+    """The `DecodingParams` of `add_decoding`'s options; a bad value exits with its message."""
+    try:
+        return DecodingParams(mode=args.mode, max_new_tokens=args.max_new_tokens,
+                              repetition_penalty=args.repetition_penalty,
+                              no_repeat_ngram_size=args.no_repeat_ngram_size)
+    except ValueError as exc:
+        raise SystemExit(f"yue2: {exc}") from None

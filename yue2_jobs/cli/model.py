@@ -8,9 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from yue2_jobs.cli.common import add_controls, controls
+from yue2_jobs.cli.common import add_decoding, decoding
 from yue2_jobs.core.paths import DATA
-from yue2_jobs.model.decoding import MODES
 
 
 def _convert_bart(args: argparse.Namespace) -> None:
@@ -20,21 +19,20 @@ def _convert_bart(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from yue2_jobs.model.train import TrainArgs, train
+    from yue2_jobs.training.train import TrainArgs, train
 
     train(TrainArgs(**{k: v for k, v in vars(args).items() if k in TrainArgs.__dataclass_fields__}))
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from yue2_jobs.model.evaluate import evaluate_checkpoint, lead_baseline
+    from yue2_jobs.training.evaluate import evaluate_checkpoint, lead_baseline
 
     rows = []
     for corpus in args.set:
         results = [("lead-1", lead_baseline(data_dir=args.data, corpus=corpus, split=args.split, limit=args.limit))]
         results += [(str(ckpt), evaluate_checkpoint(ckpt, data_dir=args.data, corpus=corpus, split=args.split,
                                                     limit=args.limit, batch_size=args.batch_size,
-                                                    max_new_tokens=args.max_new_tokens, mode=args.mode,
-                                                    **controls(args)))
+                                                    params=decoding(args)))
                     for ckpt in args.checkpoint]
         rows += [{"checkpoint": name, "set": corpus, "split": args.split, "n": r.count, "rouge1": r.rouge1,
                   "rouge2": r.rouge2, "rougeL": r.rougeL, "distinct": r.distinct, "degenerate": r.degenerate}
@@ -50,13 +48,12 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _summarize(args: argparse.Namespace) -> None:
-    from yue2_jobs.model.checkpoint import load_checkpoint
-    from yue2_jobs.model.evaluate import summarize
+    from yue2_jobs.decode.session import DecodeSession
 
-    model, tokenizer = load_checkpoint(args.checkpoint)
+    params = decoding(args)
+    session = DecodeSession.load(args.checkpoint, device="cpu", dtype="float32")
     texts = args.text or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    for text, summary in zip(texts, summarize(model, tokenizer, texts, max_new_tokens=args.max_new_tokens,
-                                              mode=args.mode, **controls(args)), strict=True):
+    for text, summary in zip(texts, session.summarize(texts, params), strict=True):
         print(json.dumps({"input": text[:80] + ("…" if len(text) > 80 else ""), "summary": summary},
                          ensure_ascii=False))
 
@@ -71,7 +68,7 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
 
     p = sub.add_parser("train", help="train (or fine-tune with --init) a checkpoint in three stages")
     if train_arguments:
-        from yue2_jobs.model.train import add_arguments
+        from yue2_jobs.training.train import add_arguments
 
         add_arguments(p)
     p.set_defaults(func=_train)
@@ -84,16 +81,12 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
     p.add_argument("--split", default="eval", choices=["eval", "test"], help="held-out split (default eval)")
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--mode", default="ar", choices=MODES, help="decoding mode (default ar)")
+    add_decoding(p)
     p.add_argument("--json", default=None, help="also write the rows here")
-    add_controls(p)
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("summarize", help="summarise texts given as arguments (or one per stdin line)")
     p.add_argument("checkpoint")
     p.add_argument("text", nargs="*")
-    p.add_argument("--max-new-tokens", type=int, default=48)
-    p.add_argument("--mode", default="hybrid", choices=MODES, help="decoding mode (default hybrid)")
-    add_controls(p)
+    add_decoding(p)
     p.set_defaults(func=_summarize)

@@ -123,7 +123,7 @@ def _show_examples(lines: list[dict], by_id: dict[str, dict[str, str]]) -> None:
 
 def main(*, items: int = 200, keep: bool = False) -> None:
     from yue2_jobs.client import Client
-    from yue2_jobs.model.data import read_split
+    from yue2_jobs.training.data import read_split
 
     t_start = time.perf_counter()
     stack = start_embedded(prefix="yue2-demo-", tenant="demo")

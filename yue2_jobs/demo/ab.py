@@ -25,7 +25,7 @@ CORPORA = ("legal", "general")
 def main(*, items: int | None, out: Path) -> None:
     from yue2_jobs.client import Client
     from yue2_jobs.experiments.text import format_report
-    from yue2_jobs.model.data import read_split
+    from yue2_jobs.training.data import read_split
 
     stack = start_embedded(prefix="yue2-ab-", tenant="ab-demo")
     home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server

@@ -6,16 +6,18 @@ HTTP 4xx, a batch's error line and the CLI all say the same thing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import SafeStr, check_depth
+from yue2_jobs.decode.params import GREEDY_ONLY_MODES, DecodingParams, Mode
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
-from yue2_jobs.model.decoding import GREEDY_ONLY_MODES, DecodingParams, Mode
 
 M = TypeVar("M", bound=BaseModel)
+LongInput = Literal["truncate", "reject", "chunk"]
 KINDS = ("summarize", "generate", "render_font")
 MAX_NO_REPEAT_NGRAM = 16
 ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/render_font": "render_font"}
@@ -41,7 +43,7 @@ class DecodingBody(BaseModel):
     no_repeat_ngram_size: int | None = Field(None, ge=1, le=MAX_NO_REPEAT_NGRAM)
     # An input longer than the checkpoint reads: cut it (recorded on the job), fail the job, or
     # summarise it window by window and then the partial summaries (map-reduce).
-    long_input: Literal["truncate", "reject", "chunk"] | None = None
+    long_input: LongInput | None = None
 
 
 class JobBody(DecodingBody):
@@ -54,12 +56,18 @@ class JobBody(DecodingBody):
     custom_id: SafeStr | None = Field(None, max_length=512)
 
 
-class ValidatedJob(BaseModel):
+@dataclass(frozen=True)
+class ValidatedJob:
+    """A job that passed `validate_job`. `decoding`: a text job's decoding parameters, every
+    default resolved (`Settings`); `params`: what is stored on the job row, from which the worker
+    parses the same `DecodingParams` again (`workers.job_io.JobInput.of`)."""
+
     kind: str
     text: str
     variant: str
     custom_id: str | None
     params: dict[str, Any]
+    decoding: DecodingParams | None = None
 
 
 def _field_of(error: dict[str, Any]) -> str:
@@ -110,8 +118,12 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
                                   field=f"{field_prefix}do_sample")
     params = parsed.model_dump(include=set(DecodingBody.model_fields), exclude_none=True)
     params.update(mode=mode, max_new_tokens=max_new, long_input=parsed.long_input or "truncate")
-    DecodingParams.from_mapping(params)  # what the worker will build from the stored parameters
-    return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params)
+    try:
+        decoding = DecodingParams.from_mapping(params)  # what the worker parses from the stored parameters
+    except ValueError as exc:  # the body's limits are DecodingParams' own, so this is a bug, named as one
+        raise InvalidRequestError(f"{field_prefix}decoding parameters: {exc}", field=f"{field_prefix}body") from None
+    return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params,
+                        decoding=decoding)
 
 
 def _validate_render(body: dict[str, Any], *, kind: str | None, settings: Settings, field_prefix: str

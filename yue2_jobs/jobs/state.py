@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -24,13 +25,30 @@ CLAIM_COLUMNS = (Job.id, Job.tenant, Job.batch_id, Job.custom_id, Job.kind, Job.
                  Job.input_key, Job.attempts, Job.claim_token)
 
 
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job a worker holds a claim on: the columns running and recording it read (`CLAIM_COLUMNS`)."""
+
+    id: str
+    tenant: str
+    batch_id: str | None
+    custom_id: str | None
+    kind: str
+    variant: str
+    params: dict[str, Any]
+    input_text: str | None
+    input_key: str | None
+    attempts: int
+    claim_token: str
+
+
 def _claimable(now: Any) -> Any:
     return or_(Job.status == JobStatus.QUEUED,
                and_(Job.status == JobStatus.RUNNING, Job.lease_expires_at < now))
 
 
 def claim_jobs(session: Session, *, job_ids: list[str], worker: str, lease_s: float,
-               max_attempts: int) -> tuple[list[Any], list[str]]:
+               max_attempts: int) -> tuple[list[ClaimedJob], list[str]]:
     """Claim the claimable ones of `job_ids`; returns (claimed rows, ids failed for too many attempts)."""
     if not job_ids:
         return [], []
@@ -53,7 +71,7 @@ def claim_jobs(session: Session, *, job_ids: list[str], worker: str, lease_s: fl
         .returning(*CLAIM_COLUMNS)
     ).all()
     session.commit()
-    return list(claimed), list(exhausted)
+    return [ClaimedJob(**row._mapping) for row in claimed], list(exhausted)
 
 
 def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) -> int:

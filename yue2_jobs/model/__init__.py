@@ -1,8 +1,9 @@
-"""The YuE2 model: one config, one model file (`modeling_yue2.py`, which registers `yue2` with
-the transformers Auto classes when it is imported), generation and training around them.
+"""The YuE2 architecture: one config (`configuration_yue2.py`), one model file (`modeling_yue2.py`,
+which registers `yue2` with the transformers Auto classes when it is imported), its tokenizer,
+checkpoints with their manifest, and the BART converter. Decoding lives in `yue2_jobs.decode`,
+training in `yue2_jobs.training`; this package imports neither.
 
-Importing this package is light: `yue2_jobs.model.decoding` (the decoding parameters, which the
-API and the CLI use) needs no torch. The names below load their modules on first use, so
+Importing this package is light (no torch). The names below load their modules on first use, so
 `from yue2_jobs.model import Yue2ForConditionalGeneration` registers the Auto classes too.
 """
 
@@ -14,9 +15,6 @@ from typing import Any
 _LAZY = {
     "Yue2Config": "configuration_yue2", "PRESETS": "configuration_yue2",
     "Yue2ForConditionalGeneration": "modeling_yue2",
-    "generate": "generation", "Yue2GenerateOutput": "generation",
-    "SequenceStats": "stats",
-    "MODES": "decoding", "DecodingParams": "decoding",
 }
 
 __all__ = sorted(_LAZY)

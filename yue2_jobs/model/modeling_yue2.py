@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -81,52 +81,15 @@ class Yue2KVCache:
         self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
 
 
-class Yue2StepLayout:
-    """The AR and NAR branches' matrices laid out for decode steps (few tokens per row).
+class Yue2StepWeights(Protocol):
+    """The matrices the inference step methods (`block_step`, `step`, `decode_block`,
+    `draft_step`) multiply by. `linear(x, module)` must equal `module(x)` and `lm_logits(h)` the
+    tied output projection; how the weights are laid out for that is the decoder's business
+    (`yue2_jobs.decode.layout.StepLayout`), so the model stores no serving state."""
 
-    `linear(x, module)` equals `module(x)`. On the CPU, MKL's fp32 matrix-vector product reads
-    an (in, out) row-major matrix faster than nn.Linear's (out, in) one (README, "Measured") when
-    out >= in (QKV, cross-attention and output projections, FFN input, the tied vocabulary
-    projection) and slower when out < in (FFN output), so the former get a transposed copy
-    and the latter a view. A batch-1 decode step is bound by reading weights, which makes
-    this its largest lever; the copies cost the AR branch's size again in memory. On other
-    devices every matrix is a view.
-    """
+    def linear(self, x: torch.Tensor, module: nn.Linear) -> torch.Tensor: ...
 
-    def __init__(self, model: Yue2ForConditionalGeneration) -> None:
-        self.key = _weights_key(model)
-        copy = model.shared.weight.device.type == "cpu"
-
-        def layout(weight: torch.Tensor) -> torch.Tensor:  # (out, in) -> (in, out)
-            out_features, in_features = weight.shape
-            return weight.t().contiguous() if copy and out_features >= in_features else weight.t()
-
-        self.matrices: dict[nn.Linear, torch.Tensor] = {}
-        for layer in (*model.decoder_layers, *model.nar_layers):
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
-                        layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
-                self.matrices[lin] = layout(lin.weight.detach())
-        self.vocab_matrix = layout(model.shared.weight.detach())  # (C, V)
-        self.vocab_bias = model.final_logits_bias[0]  # (V,)
-
-    def linear(self, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-        return torch.addmm(module.bias, x, self.matrices[module])  # (B, in) -> (B, out)
-
-    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.vocab_bias, hidden, self.vocab_matrix)  # (B, C) -> (B, V)
-
-
-def _weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...] | None:
-    """Changes whenever a weight is replaced or modified in place (optimizer steps, loading).
-
-    None for weights created under `torch.inference_mode()`, which keep no version counter:
-    their layout cannot be known to be current, so it is rebuilt on every use.
-    """
-    weights = (*model.decoder_layers.parameters(), *model.nar_layers.parameters(), model.shared.weight,
-               model.final_logits_bias)
-    if any(w.is_inference() for w in weights):
-        return None
-    return tuple((w.data_ptr(), w._version) for w in weights)
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -170,7 +133,7 @@ class Yue2SelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=p, is_causal=is_causal)
         return self.out_proj(_merge_heads(y))
 
-    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cache: Yue2KVCache, positions: torch.Tensor,
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepWeights, cache: Yue2KVCache, positions: torch.Tensor,
                    span: int, mask: torch.Tensor) -> torch.Tensor:
         """W new tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C).
 
@@ -206,7 +169,7 @@ class Yue2CrossAttention(nn.Module):
         y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, dropout_p=p)
         return self.out_proj(_merge_heads(y))
 
-    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, kv: tuple[torch.Tensor, torch.Tensor],
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepWeights, kv: tuple[torch.Tensor, torch.Tensor],
                    mask: torch.Tensor | None, width: int) -> torch.Tensor:
         """W queries per row: x (B*W, C) -> (B*W, C)."""
         bw = x.shape[0]
@@ -268,7 +231,7 @@ class Yue2DecoderLayer(nn.Module):
         x = self.encoder_attn_layer_norm(x + _drop(self.encoder_attn(x, kv=cross_kv, mask=enc_mask), p, train))
         return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
 
-    def block_step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
+    def block_step(self, x: torch.Tensor, *, layout: Yue2StepWeights, cross_kv: tuple[torch.Tensor, torch.Tensor],
                    enc_mask: torch.Tensor | None, cache: Yue2KVCache, positions: torch.Tensor, span: int,
                    self_mask: torch.Tensor) -> torch.Tensor:
         """Inference for W new tokens per row at per-row positions (B, W): x (B*W, C) -> (B*W, C).
@@ -315,7 +278,7 @@ class Yue2NarLayer(nn.Module):
         return self.final_layer_norm(x + _drop(self.ffn(x), p, train))
 
 
-    def step(self, x: torch.Tensor, *, layout: Yue2StepLayout, cross_kv: tuple[torch.Tensor, torch.Tensor],
+    def step(self, x: torch.Tensor, *, layout: Yue2StepWeights, cross_kv: tuple[torch.Tensor, torch.Tensor],
              enc_mask: torch.Tensor | None) -> torch.Tensor:
         """Inference for the K slots of one position per row: x (B*K, C) -> (B*K, C)."""
         bk, c = x.shape
@@ -402,7 +365,6 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         self.confidence_head = Yue2ConfidenceHead(config)
         self.final_logits_bias = nn.Buffer(torch.zeros(1, config.vocab_size))
         self.generation_config = default_generation_config(config)
-        self._step_layout: Yue2StepLayout | None = None
         self.post_init()
 
     # ---- embeddings and output projection ------------------------------------------------
@@ -469,15 +431,8 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
                       cache=None if caches is None else caches[i], start=start)
         return x
 
-    def step_layout(self) -> Yue2StepLayout:
-        """The decode-step weight layout, rebuilt only after the weights change."""
-        layout = self._step_layout
-        if layout is None or layout.key is None or layout.key != _weights_key(self):
-            layout = self._step_layout = Yue2StepLayout(self)
-        return layout
-
     def decode_block(self, tokens: torch.Tensor, enc: Yue2EncoderState, *, caches: list[Yue2KVCache],
-                     positions: torch.Tensor, layout: Yue2StepLayout, span: int | None = None) -> torch.Tensor:
+                     positions: torch.Tensor, layout: Yue2StepWeights, span: int | None = None) -> torch.Tensor:
         """AR inference over W tokens per row at per-row positions: tokens, positions (B, W) -> hidden (B, W, C).
 
         What hybrid verification runs: rows sit at different lengths, so each writes its cache
@@ -541,7 +496,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         return logits, self.confidence_head(x, logits)
 
     def draft_step(self, hidden: torch.Tensor, next_tokens: torch.Tensor, enc: Yue2EncoderState, *,
-                   layout: Yue2StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+                   layout: Yue2StepWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """`draft` for one position per row at inference: hidden (B, C), next_tokens (B,) ->
         draft logits (B, K, V) and confidence logits (B, K), through the decode-step layout."""
         b, c = hidden.shape
@@ -580,21 +535,12 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
         return Seq2SeqLMOutput(loss=loss, logits=logits, encoder_last_hidden_state=enc.hidden)
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 yue_mode: str | None = None, **kwargs: Any) -> Any:
-        """Generate with YuE2's own decoder loop, as `model.generate(**inputs, yue_mode="hybrid", ...)`.
-
-        `yue_mode` (or `mode`) picks `ar`, `hybrid`, `hybrid_fast`, `nar` or `prompt_lookup`;
-        every other argument is `yue2_jobs.model.generation.generate`'s (`max_new_tokens`,
-        `nar_threshold`, `do_sample`, `return_dict_in_generate`, ...).
-        """
-        from yue2_jobs.model.generation import generate
-
-        if yue_mode is not None:
-            if kwargs.get("mode", yue_mode) != yue_mode:
-                raise ValueError(f"yue_mode={yue_mode!r} and mode={kwargs['mode']!r} disagree; pass one")
-            kwargs["mode"] = yue_mode
-        return generate(self, input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """YuE2 decodes outside the model: the model holds weights, a `DecodeSession` holds what a
+        decode needs besides (device, dtype, step layout, CUDA graphs, the `auto` chooser)."""
+        raise TypeError("Yue2ForConditionalGeneration has no generate(); decode with "
+                        "yue2_jobs.decode.DecodeSession(model).generate(input_ids, attention_mask, params) "
+                        "(params: yue2_jobs.decode.DecodingParams, or its fields as keywords)")
 
 
 def _sinusoids(length: int, dim: int) -> torch.Tensor:

@@ -1,0 +1,104 @@
+"""One micro-batch of job ids on its way through a worker: claims, recordings, batches touched.
+
+`process_jobs` (`workers.tasks`) and the continuous engine loop (`workers.engine_loop`) claim
+groups of jobs, run them and hand their results to the recorder thread; a `MicroBatch` keeps what
+that leaves behind, so that however the micro-batch ends, every recording is waited for and every
+claim it still holds is let go (a crash never loses a job: an unrecorded claim's lease runs out and
+the reconciler reruns it), and the batches its jobs belong to are finalized once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from workers.context import WorkerContext
+from workers.job_io import JobInput, JobOutput
+from workers.protocol import Runner
+from workers.record import record
+from yue2_jobs.core.retry import retrying, transient
+from yue2_jobs.db.models import Job
+from yue2_jobs.jobs.batches import try_finalize
+from yue2_jobs.jobs.state import ClaimedJob, claim_jobs
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def in_db(ctx: WorkerContext, session: Session, what: str, fn: Callable[[], T]) -> T:
+    """`fn()` on `session`, retried through a database outage (the session is rolled back between tries)."""
+    return retrying(fn, deadline=time.monotonic() + ctx.settings.outage_retry_s, what=what,
+                    on_retry=session.rollback)
+
+
+class MicroBatch:
+    """Claims, in-flight recordings and touched batches of one micro-batch (a context manager:
+    leaving it waits for the recordings and lets go of the claims, however it is left)."""
+
+    def __init__(self, ctx: WorkerContext, session: Session) -> None:
+        self.ctx, self.session = ctx, session
+        self.claimed: set[str] = set()
+        self.batch_ids: set[str] = set()
+        self._pending: list[Future[None]] = []
+
+    def __enter__(self) -> MicroBatch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.wait()
+        finally:
+            self.ctx.let_go(self.claimed)  # recorded ones are gone already; the rest are given back
+
+    def claim(self, job_ids: list[str]) -> list[ClaimedJob]:
+        """Claim `job_ids` (those this worker may now run); the heartbeat renews them from now on.
+        Jobs that used up their attempts end `failed` here; their batches are finalized too."""
+        s = self.ctx.settings
+
+        def once() -> tuple[list[ClaimedJob], list[str]]:
+            return claim_jobs(self.session, job_ids=job_ids, worker=self.ctx.name, lease_s=s.lease_s,
+                              max_attempts=s.max_attempts)
+
+        rows, exhausted = in_db(self.ctx, self.session, f"claiming {len(job_ids)} jobs", once)
+        if exhausted:
+            log.warning("failed after %d attempts: %s", s.max_attempts, exhausted)
+            found = self.session.execute(select(Job.batch_id).where(Job.id.in_(exhausted))).scalars()
+            self.batch_ids.update(b for b in found if b is not None)
+        self.ctx.hold(rows)
+        self.claimed.update(r.id for r in rows)
+        self.batch_ids.update(r.batch_id for r in rows if r.batch_id is not None)
+        return rows
+
+    def record(self, runner: Runner, rows: list[ClaimedJob], inputs: list[JobInput],
+               outputs: list[JobOutput | Exception], failed: list[dict[str, Any]]) -> None:
+        """Store and mark results on the recorder thread (it overlaps the next decode); `runner`
+        is the one that decoded them."""
+        self._pending.append(self.ctx.recorder.submit(record, self.ctx, runner, rows, inputs, outputs, failed))
+
+    def wait(self) -> None:
+        """Until every recording handed over so far is done (re-raising the first failure)."""
+        try:
+            for future in self._pending:
+                future.result()
+        finally:
+            self._pending.clear()
+
+    def finish(self) -> None:
+        """Finalize the batches this micro-batch touched (files, status) once its jobs are recorded;
+        an outage leaves it to the reconciler's next pass."""
+        for batch_id in self.batch_ids:
+            try:
+                with self.ctx.sessions() as session:
+                    try_finalize(session, batch_id=batch_id, storage=self.ctx.storage)
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                log.warning("finalizing batch %s: %s; the reconciler will finish it", batch_id, type(exc).__name__)

@@ -1,0 +1,131 @@
+"""How the next token is chosen, shared by every decoding mode: sampling parameters, the
+repetition controls, the sampling distribution, forced tokens and two small mask reductions the
+decoders use."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
+
+from yue2_jobs.decode.params import DecodingParams
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How each step chooses its next token: a request's `DecodingParams` as the engine step reads
+    them, built by `of`. The sampling fields are the request's (`do_sample=False` is greedy and
+    ignores temperature, top_k and top_p); the repetition controls are resolved to numbers, the
+    request's or else the checkpoint generation config's, as Hugging Face's `generate` takes them:
+    `repetition_penalty` divides the (positive) logit of every token already in the decoder
+    sequence by the penalty, and multiplies a negative one by it (1 is off);
+    `no_repeat_ngram_size` n > 0 bans any token that would complete an n-gram the sequence already
+    holds. The decoder sequence starts with the decoder start token. `DecodingParams` checked
+    every value; this type checks none again. Hashable: it is part of a `StepShape`, the key of
+    captured CUDA graphs."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+
+    @classmethod
+    def of(cls, params: DecodingParams, gen: GenerationConfig) -> SamplingParams:
+        """The per-step parameters of a request decoded with generation config `gen`."""
+        penalty = params.repetition_penalty
+        if penalty is None:
+            penalty = gen.repetition_penalty if gen.repetition_penalty is not None else 1.0
+        ngram = params.no_repeat_ngram_size
+        if ngram is None:
+            ngram = gen.no_repeat_ngram_size or 0
+        return cls(do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                   repetition_penalty=float(penalty), no_repeat_ngram_size=int(ngram))
+
+    @classmethod
+    def greedy(cls, gen: GenerationConfig) -> SamplingParams:
+        """Greedy with the checkpoint's repetition controls: what the continuous engine runs."""
+        return cls.of(DecodingParams(), gen)
+
+    @property
+    def controls_repetition(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0
+
+
+def select_next_token(logits: torch.Tensor, params: SamplingParams,
+                      generator: torch.Generator | None) -> torch.Tensor:
+    """logits (B, V) -> token ids (B,)."""
+    if not params.do_sample:
+        return logits.argmax(-1)
+    return torch.multinomial(processed_probs(logits, params), 1, generator=generator).squeeze(-1)
+
+
+def repetition_controls(logits: torch.Tensor, seq: torch.Tensor, length: torch.Tensor,
+                        params: SamplingParams) -> torch.Tensor:
+    """`params`' repetition controls applied to logits (A, W, V), where slot (a, w) predicts the
+    token that follows seq[a, :length[a, w]]: seq (A, T) holds every slot's context as a prefix
+    (the committed tokens, then the drafts being verified). Static shapes, no host sync."""
+    a, w, v = logits.shape
+    t = seq.shape[1]
+    pos = torch.arange(t, device=seq.device)
+    in_context = pos < length[:, :, None]  # (A, W, T)
+    if params.repetition_penalty != 1.0:
+        idx = torch.where(in_context, seq[:, None, :], v)  # (A, W, T): column V collects the rest
+        seen = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
+        penalised = torch.where(logits < 0, logits * params.repetition_penalty, logits / params.repetition_penalty)
+        logits = torch.where(seen, penalised, logits)
+    n = params.no_repeat_ngram_size
+    if n > 0 and t >= n:
+        # n-gram i is seq[i : i + n]; it bans seq[i + n - 1] where seq[i : i + n - 1] equals the
+        # context's last n - 1 tokens and the whole n-gram lies inside the context.
+        starts = pos[: t - n + 1]  # (G,)
+        ok = (starts + n <= length[:, :, None])  # (A, W, G)
+        if n > 1:
+            grams = seq.unfold(1, n - 1, 1)[:, : t - n + 1]  # (A, G, n - 1)
+            tail_at = (length - n + 1).clamp(min=0)  # (A, W): where the context's last n - 1 tokens start
+            tail = seq.unfold(1, n - 1, 1).gather(1, tail_at[:, :, None].expand(-1, -1, n - 1))  # (A, W, n - 1)
+            ok &= (grams[:, None] == tail[:, :, None]).all(-1)
+        idx = torch.where(ok, seq[:, None, n - 1 :], v)  # (A, W, G)
+        banned = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
+        logits = logits.masked_fill(banned, float("-inf"))
+    return logits
+
+
+def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampling distribution (..., V): temperature, then top-k, then top-p."""
+    shape = logits.shape
+    logits = logits.reshape(-1, shape[-1]).float() / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
+        sorted_probs = sorted_logits.softmax(-1)
+        # Drop a token when the mass before it already reaches top_p (the best one always stays).
+        drop_sorted = (sorted_probs.cumsum(-1) - sorted_probs) >= params.top_p
+        logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return logits.softmax(-1).view(shape)
+
+
+def forced_tokens(target_pos: torch.Tensor, total: int | torch.Tensor, gen: GenerationConfig) -> torch.Tensor:
+    """The generation config's forced token for each position in `target_pos`: BOS at position
+    1, EOS at the last one (`total - 1`), -1 where the model chooses freely."""
+    forced = torch.full_like(target_pos, -1)
+    if gen.forced_bos_token_id is not None:
+        forced = forced.masked_fill(target_pos == 1, gen.forced_bos_token_id)
+    if gen.forced_eos_token_id is not None:
+        forced = forced.masked_fill(target_pos == total - 1, gen.forced_eos_token_id)
+    return forced
+
+
+def leading_run(mask: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True in each row of (B, N)."""
+    return mask.long().cumprod(1).sum(1)
+
+
+def first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True in each row of (B, N); N where there is none."""
+    n = mask.shape[1]
+    return torch.where(mask, torch.arange(n, device=mask.device), n).min(1).values

@@ -1,0 +1,120 @@
+"""`DecodeSession`: one loaded YuE2 model, ready to decode — the object a user (or a worker) holds.
+
+Like CTranslate2's `Translator(path, device)`, a session owns everything a decode needs besides
+the weights: the device and dtype it moved the model to, the decode-step weight layout and any
+captured CUDA graphs (`Steps`), the `auto` mode chooser (what it measured on this device), and the
+continuous-batching engines it built. Nothing is stored on the `nn.Module`, so two sessions over
+one model do not share state by accident, and a hot swap is a new session.
+
+    session = DecodeSession.load("checkpoints/base")             # verified against its manifest
+    out = session.generate(input_ids, attention_mask, DecodingParams(mode="hybrid", max_new_tokens=48))
+    texts = session.summarize(["A long text ..."])               # tokenize, generate, detokenize
+    engine = session.engine(max_rows=32)                         # continuous batching, same chooser
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from yue2_jobs.decode.auto_mode import ModeChooser
+from yue2_jobs.decode.continuous import ContinuousBatcher
+from yue2_jobs.decode.generate import DEFAULT_NAR_ITERATIONS, Yue2GenerateOutput, generate
+from yue2_jobs.decode.graphs import StepGraphs
+from yue2_jobs.decode.params import DEFAULT_MIN_ACCEPT_PROB, DecodingParams
+from yue2_jobs.decode.stats import SequenceStats
+from yue2_jobs.decode.steps import Steps
+from yue2_jobs.model.checkpoint import load_verified
+from yue2_jobs.model.device import resolve_device, resolve_dtype
+from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
+
+
+class DecodeSession:
+    """A YuE2 model on one device and dtype, with its step layout, graphs, chooser and engines.
+
+    `device` and `dtype` None keep the model where it is; names (`"auto"`, `"cpu"`, `"cuda"`,
+    `"bfloat16"`, ...) are resolved as the worker's settings are (`model.device`). `tokenizer` is
+    needed only by `summarize`. `weights_sha256`: the checkpoint's, when loaded from one.
+    """
+
+    def __init__(self, model: Yue2ForConditionalGeneration, *, tokenizer: PreTrainedTokenizerBase | None = None,
+                 device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 weights_sha256: str | None = None) -> None:
+        here = model.shared.weight
+        self.device = here.device if device is None else (
+            resolve_device(device) if isinstance(device, str) else device)
+        self.dtype = here.dtype if dtype is None else (
+            resolve_dtype(dtype, self.device) if isinstance(dtype, str) else dtype)
+        if (here.device, here.dtype) != (self.device, self.dtype):
+            model.to(self.device, dtype=self.dtype)
+        self.model, self.tokenizer, self.weights_sha256 = model.eval(), tokenizer, weights_sha256
+        self.steps = Steps(model)
+        self.chooser = ModeChooser()
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str], *, device: str | torch.device | None = "auto",
+             dtype: str | torch.dtype | None = "auto") -> DecodeSession:
+        """A session over a local checkpoint, every file verified against its manifest first."""
+        loaded = load_verified(Path(directory))
+        return cls(loaded.model, tokenizer=loaded.tokenizer, device=device, dtype=dtype,
+                   weights_sha256=loaded.weights_sha256)
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The longest encoder input: the tokenizer's limit or the model's positions, the smaller."""
+        n = self.model.config.max_position_embeddings
+        return min(self.tokenizer.model_max_length, n) if self.tokenizer is not None else n
+
+    # ---- decoding ------------------------------------------------------------------------------
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 params: DecodingParams | None = None, *, min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB,
+                 nar_iterations: int = DEFAULT_NAR_ITERATIONS, sync_every: int | None = None,
+                 **overrides: Any) -> Yue2GenerateOutput:
+        """Decode a batch (B, S) as `params` says (default: `DecodingParams()`); keyword arguments
+        named like its fields (`mode="ar"`, `max_new_tokens=32`) override it, as Hugging Face's
+        `generate` takes them. Returns `sequences` (B, 1 + n), per-row `stats` and the `mode` run
+        (`yue2_jobs.decode.generate.generate`)."""
+        params = (params or DecodingParams()).with_(**overrides)
+        return generate(self.steps, self.chooser, input_ids=input_ids.to(self.device),
+                        attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                        params=params, min_accept_prob=min_accept_prob, nar_iterations=nar_iterations,
+                        sync_every=sync_every)
+
+    @torch.inference_mode()
+    def summarize(self, texts: list[str], params: DecodingParams | None = None, *, batch_size: int = 32,
+                  stats_out: list[SequenceStats] | None = None) -> list[str]:
+        """Decoded texts in input order; inputs are length-sorted into batches to cut padding and
+        cut to `max_input_tokens`. `stats_out`, when given, receives each text's `SequenceStats`."""
+        if self.tokenizer is None:
+            raise ValueError("summarize needs a tokenizer: DecodeSession(model, tokenizer=...) or DecodeSession.load")
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out: dict[int, tuple[str, SequenceStats]] = {}
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_input_tokens,
+                                 padding=True, return_tensors="pt")
+            res = self.generate(enc["input_ids"], enc["attention_mask"], params)
+            decoded = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
+            for i, text, st in zip(idx, decoded, res.stats, strict=True):
+                out[i] = (text.strip(), st)
+        if stats_out is not None:
+            stats_out.extend(out[i][1] for i in range(len(texts)))
+        return [out[i][0] for i in range(len(texts))]
+
+    def engine(self, *, max_rows: int = 32, max_tokens: int | None = None,
+               policy: Literal["continuous", "static"] = "continuous",
+               min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB) -> ContinuousBatcher[Any]:
+        """A continuous-batching engine on this session's model, steps and chooser."""
+        return ContinuousBatcher(self.steps, self.chooser, max_rows=max_rows, max_tokens=max_tokens, policy=policy,
+                                 min_accept_prob=min_accept_prob)
+
+    def capture_graphs(self, *, max_rows: int, use_graphs: bool | None = None,
+                       min_lengths: tuple[bool, ...] = (False,)) -> list[StepGraphs]:
+        """Capture the serving steps in CUDA graphs (`Steps.capture`); both `generate` and the
+        engines replay them from then on."""
+        return self.steps.capture(max_rows=max_rows, use_graphs=use_graphs, min_lengths=min_lengths)
