@@ -30,9 +30,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
+# ruff, the import contracts (pyproject.toml) and mypy over yue2_jobs/ and workers/.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check yue2_jobs workers migrations tests benchmarks
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
 # our `ar` loop against HF generate on identical weights.

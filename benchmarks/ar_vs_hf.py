@@ -23,7 +23,7 @@ import torch
 from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 from transformers import BartConfig, BartForConditionalGeneration
 
-from yue2_jobs.decode.generate import generate
+from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
 from yue2_jobs.training.data import read_split
@@ -53,10 +53,11 @@ def _time(fn: Callable[[], torch.Tensor]) -> tuple[float, torch.Tensor]:
 def bench_pair(name: str, ours_model, hf_model, batches: list[dict[str, torch.Tensor]], *, max_new_tokens: int,
                repeats: int, batch_size: int) -> dict[str, object]:
     pad = ours_model.config.pad_token_id
+    session = DecodeSession(ours_model)
 
     def run_ours(b: dict[str, torch.Tensor]) -> torch.Tensor:
-        return generate(ours_model, input_ids=b["input_ids"], attention_mask=b["attention_mask"],
-                        max_new_tokens=max_new_tokens)
+        return session.generate(b["input_ids"], b["attention_mask"], mode="ar",
+                                max_new_tokens=max_new_tokens).sequences
 
     def run_hf(b: dict[str, torch.Tensor]) -> torch.Tensor:
         with torch.inference_mode():

@@ -30,18 +30,18 @@ import random
 import statistics
 import time
 from pathlib import Path
+from typing import Literal
 
 import torch
 from bench_args import ROOT
 from transformers.utils import logging as hf_logging
 
-from yue2_jobs.decode.continuous import ContinuousBatcher, DecodeRequest
-from yue2_jobs.decode.graphs import capture_for_serving
-from yue2_jobs.model.checkpoint import load_checkpoint
-from yue2_jobs.model.device import resolve_device, resolve_dtype
+from yue2_jobs.decode.params import DecodingParams, Mode
+from yue2_jobs.decode.requests import DecodeRequest
+from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.training.data import read_split
 
-POLICIES = ("static", "continuous")
+POLICIES: tuple[Literal["static", "continuous"], ...] = ("static", "continuous")
 
 
 def workload(ids: list[list[int]], n: int, seed: int) -> list[tuple[list[int], int]]:
@@ -49,10 +49,10 @@ def workload(ids: list[list[int]], n: int, seed: int) -> list[tuple[list[int], i
     return [(ids[i % len(ids)], rng.randint(8, 256)) for i in range(n)]
 
 
-def run(model: torch.nn.Module, jobs: list[tuple[list[int], int]], *, policy: str, rows: int,
-        arrivals: list[float] | None, mode: str = "hybrid") -> dict[str, float]:
-    eng = ContinuousBatcher(model, max_rows=rows, policy=policy)  # type: ignore[arg-type]
-    reqs = [DecodeRequest(id=i, input_ids=x, max_new_tokens=m, min_new_tokens=m, mode=mode)
+def run(session: DecodeSession, jobs: list[tuple[list[int], int]], *, policy: Literal["continuous", "static"],
+        rows: int, arrivals: list[float] | None, mode: Mode = "hybrid") -> dict[str, float]:
+    eng = session.engine(max_rows=rows, policy=policy)
+    reqs = [DecodeRequest(key=i, input_ids=x, min_new_tokens=m, params=DecodingParams(mode=mode, max_new_tokens=m))
             for i, (x, m) in enumerate(jobs)]
     arrive = arrivals or [0.0] * len(reqs)
     latencies: list[float] = []
@@ -68,8 +68,8 @@ def run(model: torch.nn.Module, jobs: list[tuple[list[int], int]], *, policy: st
             time.sleep(max(0.0, arrive[nxt] - (time.perf_counter() - t0)))
             continue
         for res in eng.step():
-            assert res.error is None and len(res.tokens) == res.request.max_new_tokens, res
-            latencies.append(time.perf_counter() - t0 - arrive[res.request.id])
+            assert res.error is None and len(res.tokens) == res.request.params.max_new_tokens, res
+            latencies.append(time.perf_counter() - t0 - arrive[res.request.key])
             tokens += len(res.tokens)
     wall = time.perf_counter() - t0
     c = eng.counters
@@ -99,21 +99,21 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = load_checkpoint(args.checkpoint)
-    device = resolve_device(args.device)
-    model.to(device, dtype=resolve_dtype(args.dtype, device))
-    if device.type == "cuda" and not args.no_graphs:
-        captured = capture_for_serving(model, max_rows=args.rows, min_lengths=(True,))  # its jobs set min lengths
+    session = DecodeSession.load(args.checkpoint, device=args.device, dtype=args.dtype)
+    tok = session.tokenizer
+    assert tok is not None
+    if session.device.type == "cuda" and not args.no_graphs:
+        captured = session.capture_graphs(max_rows=args.rows, min_lengths=(True,))  # its jobs set min lengths
         print(f"{sum(g.count for g in captured)} CUDA graphs captured in {sum(g.capture_s for g in captured):.1f}s")
     texts = [r["text"] for r in read_split(ROOT / "data", "general", "eval")]
     ids = tok(texts, truncation=True, max_length=128)["input_ids"]
     jobs = workload(ids, args.jobs, args.seed)
-    run(model, jobs[:8], policy="continuous", rows=args.rows, arrivals=None)  # warm-up
+    run(session, jobs[:8], policy="continuous", rows=args.rows, arrivals=None)  # warm-up
     runs: dict[str, dict[str, list[dict[str, float]]]] = {"offline": {}, "arrivals": {}}
     for rep in range(args.repeats):
         order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
         for policy in order:
-            runs["offline"].setdefault(policy, []).append(run(model, jobs, policy=policy, rows=args.rows,
+            runs["offline"].setdefault(policy, []).append(run(session, jobs, policy=policy, rows=args.rows,
                                                                   arrivals=None, mode=args.mode))
     static_rate = statistics.median(r["jobs_per_s"] for r in runs["offline"]["static"])
     rng = random.Random(args.seed + 1)
@@ -124,7 +124,7 @@ def main() -> None:
     for rep in range(args.repeats):
         order = POLICIES if rep % 2 == 0 else POLICIES[::-1]
         for policy in order:
-            runs["arrivals"].setdefault(policy, []).append(run(model, jobs, policy=policy, rows=args.rows,
+            runs["arrivals"].setdefault(policy, []).append(run(session, jobs, policy=policy, rows=args.rows,
                                                                    arrivals=arrivals, mode=args.mode))
     med = {sc: {pol: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for pol, rs in pols.items()}
            for sc, pols in runs.items()}

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 
-from yue2_jobs.decode.generate import generate
+from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.decode.stats import summarize_stats
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.model.convert import bart_from_yue2
@@ -52,12 +52,14 @@ class Method:
     lossless: bool = True  # must reproduce our `ar` greedy output exactly, or the benchmark stops
 
 
-def _methods(model, hf, *, max_new_tokens: int, thresholds: list[float], sync_every: int | None) -> list[Method]:
+def _methods(session: DecodeSession, hf, *, max_new_tokens: int, thresholds: list[float],
+             sync_every: int | None) -> list[Method]:
+    model = session.model
+
     def ours(mode: str, **kw: object) -> Callable:
         def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
-            out = generate(model, input_ids=b["input_ids"], attention_mask=b["attention_mask"], mode=mode,
-                           max_new_tokens=max_new_tokens, return_dict_in_generate=True, sync_every=sync_every,
-                           **kw)
+            out = session.generate(b["input_ids"], b["attention_mask"], mode=mode, max_new_tokens=max_new_tokens,
+                                   sync_every=sync_every, **kw)
             return out.sequences, out.stats
         return run
 
@@ -186,7 +188,7 @@ def main() -> None:
     rows = rows[: args.texts] if args.texts else rows
     texts, refs = [r["text"] for r in rows], [r["summary"] for r in rows]
     pad, eos = model.config.pad_token_id, model.config.eos_token_id
-    methods = _methods(model, hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds,
+    methods = _methods(DecodeSession(model), hf, max_new_tokens=args.max_new_tokens, thresholds=args.thresholds,
                        sync_every=args.sync_every)
     workdir = tempfile.TemporaryDirectory(prefix="yue2-ct2-")
     peer = _ctranslate2(bart_from_yue2(model).eval(), tokenizer, Path(workdir.name), device=device,

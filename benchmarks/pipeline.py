@@ -59,7 +59,7 @@ def bare_tokens_per_s(texts: list[str], *, variant_dir: Path, batch: int, thread
     torch.set_num_threads(threads)
     runner = ModelRunner(variant="base", settings=Settings(checkpoints={"base": variant_dir}, batch_max_jobs=batch,
                                                            torch_threads=threads))
-    jobs = [JobInput(id=str(i), kind="summarize", text=t, params={"mode": "hybrid", "max_new_tokens": 48,
+    jobs = [JobInput.of(id=str(i), kind="summarize", text=t, params={"mode": "hybrid", "max_new_tokens": 48,
                                                                     "do_sample": False, "temperature": 1.0})
             for i, t in enumerate(texts)]
     runner.run(jobs[:batch])  # warm-up

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
-from yue2_jobs.decode.engine import NEVER_TRUST, Rows, StepShape, engine_step
+from yue2_jobs.decode.engine import NEVER_TRUST, StepShape, engine_step
 from yue2_jobs.decode.graphs import StepGraphs
+from yue2_jobs.decode.layout import StepLayout
+from yue2_jobs.decode.rows import Rows
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.device import resolve_device, resolve_dtype
 
@@ -60,8 +62,8 @@ def time_steps(model: Yue2ForConditionalGeneration, *, batch: int, source: int, 
                    min_total=idx * 0 + total, draft_on=ones.bool(), accept_p=ones * 0.0, trust_p=ones * NEVER_TRUST)
         caches = model.new_caches(batch_size=batch, max_len=total + k + 1)
         fresh = {name: t.clone() for name, t in rows.tensors().items()}
-        replay = StepGraphs.capture(model, shape=shape, buckets=(batch,)) if graphs else None
-        layout = model.step_layout()
+        layout = StepLayout(model)
+        replay = StepGraphs.capture(model, shape=shape, layout=layout, buckets=(batch,)) if graphs else None
         runs = []
         for _ in range(3):
             for name, t in fresh.items():  # restart: rows must not reach their length limit

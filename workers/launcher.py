@@ -84,7 +84,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
                    "YUE2_DEVICE": "cuda", "YUE2_TORCH_THREADS": str(max(1, len(node_cpus) // per_node))}
             placements.append((f"{variant}-gpu{i}@{host}", node_cpus, node if node in nodes else None, env))
     else:
-        order = sorted(nodes) or [None]
+        order: list[int | None] = [*sorted(nodes)] or [None]
         assigned: dict[int | None, list[int]] = {n: [] for n in order}
         for i in range(procs):
             assigned[order[i % len(order)]].append(i)
@@ -98,7 +98,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
             chunk, node = slots[i]
             env = {"CUDA_VISIBLE_DEVICES": "", "YUE2_DEVICE": "cpu", "YUE2_TORCH_THREADS": str(len(chunk))}
             placements.append((f"{variant}-cpu{i}@{host}", chunk, node, env))
-    children = []
+    specs: list[ChildSpec] = []
     for i, (name, chunk, node, env) in enumerate(placements):
         if torch_threads:
             env["YUE2_TORCH_THREADS"] = str(torch_threads)
@@ -108,9 +108,8 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
         if ready_file is not None:
             env["YUE2_WORKER_READY_FILE"] = str(ready_file.with_name(f"{ready_file.name}.{i}"))
         prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}"] if numactl and node is not None else []
-        children.append(ChildSpec(name=name, env=env, cpus=chunk, numa_node=node, argv=[*prefix, *argv, "--name",
-                                                                                        name]))
-    return children
+        specs.append(ChildSpec(name=name, env=env, cpus=chunk, numa_node=node, argv=[*prefix, *argv, "--name", name]))
+    return specs
 
 
 def _child_setup(cpus: list[int]) -> Callable[[], None]:

@@ -75,7 +75,7 @@ def _pieces(tokenizer: PreTrainedTokenizerBase, sentence: str, budget: int) -> l
             ids = tokenizer(word, add_special_tokens=False, verbose=False)["input_ids"]
             for start in range(0, len(ids), budget):
                 part = ids[start : start + budget]
-                pieces.append((tokenizer.decode(part), len(part)))
+                pieces.append((str(tokenizer.decode(part)), len(part)))
             continue
         if words and used + w > budget:
             pieces.append((" ".join(words), used))

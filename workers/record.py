@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from workers.context import WorkerContext
@@ -56,9 +57,8 @@ def load_inputs(ctx: WorkerContext, rows: list[ClaimedJob]
     deadline = _deadline(ctx)
     for row in rows:
         try:
-            text = retrying(lambda row=row: read_input(ctx.storage, input_text=row.input_text,  # type: ignore[misc]
-                                                       input_key=row.input_key, kind=row.kind),
-                            deadline=deadline, what=f"reading the input of {row.id}")
+            text = retrying(partial(read_input, ctx.storage, input_text=row.input_text, input_key=row.input_key,
+                                    kind=row.kind), deadline=deadline, what=f"reading the input of {row.id}")
             inputs.append(JobInput.of(id=row.id, kind=row.kind, text=text, params=row.params))
         except Exception as exc:
             if transient(exc):

@@ -99,7 +99,7 @@ class ModelRunner:
         if res.error is not None:
             return JobExecutionError(f"decoding failed: {type(res.error).__name__}: {res.error}")
         assert res.stats is not None
-        text = self.tokenizer.decode(res.tokens, skip_special_tokens=True).strip()
+        text = str(self.tokenizer.decode(res.tokens, skip_special_tokens=True)).strip()
         used = len(res.request.input_ids)
         full = self._full_tokens.pop(res.request.key, used)
         return JobOutput(text=text, input_tokens=full, output_tokens=res.stats.tokens,

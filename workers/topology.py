@@ -107,9 +107,9 @@ def _torch_gpus(dev: Path = Path("/dev")) -> list[GpuInfo]:
     gpus = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        domain, bus, dev = (getattr(p, f"pci_{part}_id", 0) for part in ("domain", "bus", "device"))
+        domain, bus, slot = (getattr(p, f"pci_{part}_id", 0) for part in ("domain", "bus", "device"))
         # Indices follow CUDA_DEVICE_ORDER, which the launcher sets to PCI_BUS_ID before asking.
-        gpus.append(GpuInfo(index=i, pci_bus_id=f"{domain:04x}:{bus:02x}:{dev:02x}.0", name=p.name,
+        gpus.append(GpuInfo(index=i, pci_bus_id=f"{domain:04x}:{bus:02x}:{slot:02x}.0", name=p.name,
                             memory_bytes=p.total_memory))
     return gpus
 

@@ -13,6 +13,7 @@ import secrets
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import cast
 
 from celery import Celery
 from sqlalchemy import update
@@ -120,11 +121,12 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
             for variant in variants:
                 for raw in client.lrange(queue_for(variant), 0, -1):
                     held.update(job_ids_of_message(raw))
-            recent = client.zrangebyscore(UNACKED_INDEX, time.time() - delivered_within_s, "+inf")
+            # Without scores, a sorted-set range is a list of members.
+            recent = cast("list[bytes]", client.zrangebyscore(UNACKED_INDEX, time.time() - delivered_within_s, "+inf"))
             if recent:
-                for raw in client.hmget(UNACKED, recent):
-                    if raw is not None:
-                        held.update(job_ids_of_message(raw))
+                for message in client.hmget(UNACKED, recent):
+                    if message is not None:
+                        held.update(job_ids_of_message(message))
         finally:
             client.close()
     elif settings.broker_url.startswith("filesystem"):

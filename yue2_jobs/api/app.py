@@ -122,10 +122,9 @@ def create_app(settings: Settings) -> FastAPI:
                         buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
     jobs_by_status = Gauge("yue2_jobs", "Jobs in Postgres by status", ["status"], registry=registry)
 
-    app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)  # type: ignore[arg-type]
-    app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes,  # type: ignore[arg-type]
-                       file_limit=settings.max_file_bytes)
-    app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)  # type: ignore[arg-type]
+    app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)
+    app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes, file_limit=settings.max_file_bytes)
+    app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
     _install_error_handlers(app)
 
     @app.get("/healthz")

@@ -28,7 +28,8 @@ class AppState:
 
 
 async def get_state(request: Request) -> AppState:
-    return request.app.state.yue2  # type: ignore[no-any-return]
+    state: AppState = request.app.state.yue2
+    return state
 
 
 def get_session(state: Annotated[AppState, Depends(get_state)]) -> Iterator[Session]:
@@ -50,7 +51,10 @@ async def get_tenant(state: Annotated[AppState, Depends(get_state)],
     if scheme.lower() != "bearer" or not secret.strip():
         raise AuthError("the Authorization header must be `Bearer <key>`")
     secret = secret.strip()
-    return cached_tenant(secret) or await run_in_threadpool(_lookup_tenant, state.sessions, secret)
+    cached = cached_tenant(secret)
+    if cached is not None:
+        return cached
+    return await run_in_threadpool(_lookup_tenant, state.sessions, secret)
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -54,6 +54,7 @@ class JobReader:
         except TimeoutError:
             raise ServiceUnavailableError(f"all {self.size} job-read connections stayed busy for {self.wait_s}s; "
                                           "retry") from None
+        assert self.conninfo is not None  # `get` takes the sync path without a Postgres URL
         try:
             while self.idle:
                 conn = self.idle.pop()

@@ -141,4 +141,4 @@ def install(app: FastAPI) -> None:
             app.openapi_schema = build(app)
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to replace the document

@@ -38,7 +38,7 @@ def announce(broker_url: str, key_hash: str) -> int:
     import redis
 
     with redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=5) as r:
-        return int(r.publish(channel_for(broker_url), key_hash))  # type: ignore[arg-type]
+        return int(r.publish(channel_for(broker_url), key_hash))
 
 
 def _listen(broker_url: str) -> None:

@@ -25,6 +25,7 @@ class HeaderDeadlineProtocol(HttpToolsProtocol):
     header_timeout_s = 15.0  # set per server by `config()`
     _deadline: asyncio.TimerHandle | None = None
 
+    # uvicorn's protocol narrows asyncio's BaseTransport to Transport, which this override keeps.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()

@@ -85,7 +85,7 @@ def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float) -> 
     if target is None:
         return []
     want = f"{variant}@{target.version}"
-    swapped = []
+    swapped: list[str] = []
     for worker in live_workers(session, variant):
         if worker.checkpoint == want:
             continue

@@ -5,13 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def affected(result: Result[Any]) -> int:
+    """Rows an UPDATE or DELETE matched. `Session.execute` returns a `CursorResult` for those,
+    though it is typed as any `Result`."""
+    return cast(CursorResult[Any], result).rowcount
 
 
 def make_engine(url: str) -> Engine:
@@ -22,7 +29,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
             # WAL lets the API read while a worker writes; the demo runs both on one file.
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
-LOSSLESS = ("ar", "hybrid")
+Lossless = Literal["ar", "hybrid"]
+LOSSLESS: tuple[Lossless, ...] = ("ar", "hybrid")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
@@ -40,7 +42,7 @@ class ModeChooser:
     def bucket(batch_size: int) -> int:
         return next((b for b in BUCKETS if batch_size <= b), BUCKETS[-1])
 
-    def choose(self, batch_size: int) -> str:
+    def choose(self, batch_size: int) -> Lossless:
         """The mode to run a batch of `batch_size` rows in."""
         b = self.bucket(batch_size)
         with self._lock:

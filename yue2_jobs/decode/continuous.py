@@ -300,19 +300,16 @@ class ContinuousBatcher(Generic[K]):
         recomputed later) and cap the row count; a lone row fails alone."""
         self.counters.oom_events += 1
         ws = self.ws
-        live = [i for i, s in enumerate(ws.slots) if s is not None]
+        live = sorted(((i, s) for i, s in enumerate(ws.slots) if s is not None), key=lambda held: held[1].seq)
         if len(live) == 1:
-            slot = ws.slots[live[0]]
-            assert slot is not None
             self._clear()
-            return [DecodeResult(request=slot.request, error=exc)]
-        live.sort(key=lambda i: ws.slots[i].seq)  # type: ignore[union-attr]  # `live` holds live slots only
+            return [DecodeResult(request=live[0][1].request, error=exc)]
         keep, back = live[: len(live) // 2], live[len(live) // 2:]
-        self.waiting.extendleft(reversed([ws.slots[i].request for i in back]))  # type: ignore[union-attr]  # ditto
+        self.waiting.extendleft(reversed([s.request for _, s in back]))
         self.counters.preempted += len(back)
         self.row_cap = len(keep)
         self.clean_steps = 0
-        ws.keep(sorted(keep))
+        ws.keep(sorted(i for i, _ in keep))
         return []
 
     def _evict_all(self, exc: BaseException) -> list[DecodeResult[K]]:

@@ -112,6 +112,7 @@ def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encode
                                                     h_src=hidden.gather(1, at)[:, 0], bonus=bonus,
                                                     committed=committed, finished=finished, generator=generator,
                                                     draft_q=draft_q)
+    assert n_in is not None  # width > 1 here (width 1 committed above), so `_feed` counted the fed tokens
     _commit(rows, stepped=stepped, n_in=n_in, count=count, from_nar=from_nar, n_trust=n_trust, committed=committed,
             finished=finished, drafted=drafted)
 
@@ -252,7 +253,8 @@ def _next_drafts(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encod
 
 def _trust(model: Yue2ForConditionalGeneration, rows: Rows, drafts: torch.Tensor, conf: torch.Tensor,
            q: torch.Tensor | None, *, committed: torch.Tensor, finished: torch.Tensor,
-           room: torch.Tensor) -> tuple[torch.Tensor, ...]:
+           room: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                        torch.Tensor | None]:
     """`hybrid_fast`: commit each live row's leading run of drafts with confidence >= its
     trust_p (cut at EOS and the length limit); the rest shift left, to be verified."""
     k = drafts.shape[1]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
+from yue2_jobs.model.modeling_yue2 import Yue2DecoderLayer, Yue2ForConditionalGeneration, Yue2NarLayer
 
 
 class StepLayout:
@@ -33,7 +33,8 @@ class StepLayout:
             return weight.t().contiguous() if copy and out_features >= in_features else weight.t()
 
         self.matrices: dict[nn.Linear, torch.Tensor] = {}
-        for layer in (*model.decoder_layers, *model.nar_layers):
+        layers: list[Yue2DecoderLayer | Yue2NarLayer] = [*model.ar_layers(), *model.nar_blocks()]
+        for layer in layers:
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
                         layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
                 self.matrices[lin] = layout(lin.weight.detach())

@@ -50,7 +50,8 @@ class DecodeSession:
         self.dtype = here.dtype if dtype is None else (
             resolve_dtype(dtype, self.device) if isinstance(dtype, str) else dtype)
         if (here.device, here.dtype) != (self.device, self.dtype):
-            model.to(self.device, dtype=self.dtype)
+            # transformers types its `wraps`-decorated `to` as the unbound function
+            model.to(self.device, dtype=self.dtype)  # type: ignore[arg-type]
         self.model, self.tokenizer, self.weights_sha256 = model.eval(), tokenizer, weights_sha256
         self.steps = Steps(model)
         self.chooser = ModeChooser()

@@ -181,7 +181,7 @@ def main(*, items: int = 200, keep: bool = False) -> None:
     finally:
         for proc, _ in workers.values():
             stop_worker(proc)
-        server.should_exit = True  # type: ignore[attr-defined]
+        server.should_exit = True
         if not keep:
             shutil.rmtree(home, ignore_errors=True)
 

@@ -12,6 +12,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -52,8 +53,11 @@ def main(*, items: int | None, out: Path) -> None:
         with tqdm(total=total, unit="job", desc="running", file=sys.stdout, mininterval=0.5) as bar:
             for b in batches:
                 start = bar.n
-                client.wait(b["id"], poll_s=0.25, timeout_s=1800, on_update=lambda s, start=start: bar.update(
-                    start + s["request_counts"]["completed"] + s["request_counts"]["failed"] - bar.n))
+                def progress(state: dict[str, Any], start: int = start) -> None:
+                    counts = state["request_counts"]
+                    bar.update(start + counts["completed"] + counts["failed"] - bar.n)
+
+                client.wait(b["id"], poll_s=0.25, timeout_s=1800, on_update=progress)
         report = client.experiment_report(exp["id"])
         print(format_report(report))
         out.mkdir(parents=True, exist_ok=True)
@@ -63,5 +67,5 @@ def main(*, items: int | None, out: Path) -> None:
     finally:
         for proc in procs:
             stop_worker(proc)
-        server.should_exit = True  # type: ignore[attr-defined]
+        server.should_exit = True
         shutil.rmtree(home, ignore_errors=True)

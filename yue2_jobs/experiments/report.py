@@ -58,7 +58,8 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
     records, to_score = [], []
     for job in rows:
         ok = job.status == JobStatus.SUCCEEDED
-        latency = (job.finished_at - job.started_at).total_seconds() if ok and job.started_at else None
+        latency = (job.finished_at - job.started_at).total_seconds() if ok and job.started_at and job.finished_at \
+            else None
         rec = JobRecord(batch_id=job.batch_id or "", custom_id=job.custom_id or job.id, variant=job.variant,
                         checkpoint=job.checkpoint, succeeded=ok, latency_s=latency,
                         output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0)

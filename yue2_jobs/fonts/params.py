@@ -19,6 +19,7 @@ class RenderParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)  # frozen: hashable, as the renderer's caches need
 
     text: str
+    # A Literal built from the catalog's style names, so the schema lists them; mypy wants literals.
     style: Literal[STYLES] = "print"  # type: ignore[valid-type]
     pen_pressure: float = Field(0.5, ge=0, le=1, description="0..1: stroke weight and ink density")
     stroke_width: float = Field(2.0, ge=1, le=20, description="nominal pen width, px")

@@ -219,14 +219,15 @@ def to_png(ops: list[Any], lay: Layout, p: RenderParams) -> bytes:
     from matplotlib.transforms import Affine2D
     from PIL import Image
 
-    codes_for = {"M": [MplPath.MOVETO], "L": [MplPath.LINETO], "Q": [MplPath.CURVE3] * 2, "C": [MplPath.CURVE4] * 3}
+    codes_for = {"M": [int(MplPath.MOVETO)], "L": [int(MplPath.LINETO)], "Q": [int(MplPath.CURVE3)] * 2,
+                 "C": [int(MplPath.CURVE4)] * 3}
     verts: list[tuple[float, float]] = []
     codes: list[int] = []
     start = (0.0, 0.0)
     for op, pts in ops:
         if op == "Z":
             verts.append(start)
-            codes.append(MplPath.CLOSEPOLY)
+            codes.append(int(MplPath.CLOSEPOLY))
             continue
         if op == "M":
             start = pts[0]

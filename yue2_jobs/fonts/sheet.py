@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from yue2_jobs.fonts.catalog import FONTS, STYLES
-from yue2_jobs.fonts.render import RenderParams, render
+from yue2_jobs.fonts.render import Rendered, RenderParams, render
 
 TEXT = "你好，世界 Hello"
 PRESSURES = (0.0, 0.5, 1.0)
@@ -38,20 +38,21 @@ def build(out_dir: Path) -> tuple[Path, Path]:
     svg_parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
                  f'viewBox="0 0 {width} {height}"><rect width="100%" height="100%" fill="#ffffff"/>']
 
-    def place(r: object, x: int, y: int) -> None:
-        sheet.paste(Image.open(io.BytesIO(r.png)).convert("RGBA"), (x, y))  # type: ignore[attr-defined]
-        inner = re.sub(r"^<svg ", f'<svg x="{x}" y="{y}" ', r.svg)  # type: ignore[attr-defined]
+    def place(r: Rendered, x: int, y: int) -> None:
+        assert r.png is not None and r.svg is not None  # the sheet renders both
+        sheet.paste(Image.open(io.BytesIO(r.png)).convert("RGBA"), (x, y))
+        inner = re.sub(r"^<svg ", f'<svg x="{x}" y="{y}" ', r.svg)
         svg_parts.append(inner)
 
     x = col_w[0]
-    for h, w in zip(header, col_w[1:], strict=True):
-        place(h, x, 0)
+    for title, w in zip(header, col_w[1:], strict=True):
+        place(title, x, 0)
         x += w
     y = head_h
-    for row, h in zip(grid, row_h, strict=True):
+    for line, h in zip(grid, row_h, strict=True):
         x = 0
-        for r, w in zip(row, col_w, strict=True):
-            place(r, x, y)
+        for cell, w in zip(line, col_w, strict=True):
+            place(cell, x, y)
             x += w
         y += h
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.listing import page
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import affected, utcnow
 from yue2_jobs.errors import ConflictError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.batches import try_finalize
@@ -93,9 +93,9 @@ def _claim_retry(session: Session, original: Batch) -> None:
         session.rollback()
         raise ConflictError(f"batch {original.id!r} is already being retried by batch {running!r}; retry it again "
                             f"once that batch has ended")
-    took = session.execute(update(Batch).where(
+    took = affected(session.execute(update(Batch).where(
         Batch.id == original.id, or_(Batch.retrying_since.is_(None), Batch.retrying_since < now - RETRY_CLAIM))
-        .values(retrying_since=now)).rowcount
+        .values(retrying_since=now)))
     session.commit()
     if not took:
         raise ConflictError(f"batch {original.id!r} is already being retried; its retry batch is being created")

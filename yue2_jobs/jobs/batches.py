@@ -84,7 +84,8 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
 
 
 def _write_files(session: Session, *, batch_id: str, tenant: str, final: BatchStatus, storage: Storage) -> None:
-    ok_lines, err_lines = [], []
+    ok_lines: list[str] = []
+    err_lines: list[str] = []
     for job in session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)).scalars():
         ok, line = _result_line(job, storage)
         (ok_lines if ok else err_lines).append(json.dumps(line, ensure_ascii=False))

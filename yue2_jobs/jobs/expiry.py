@@ -12,7 +12,7 @@ from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import affected, utcnow
 from yue2_jobs.jobs.state import cancel_jobs
 
 EXPIRED_ERROR = {"code": "batch_expired", "status_code": 408,
@@ -33,9 +33,9 @@ def expire_due(session: Session) -> list[str]:
     expired = []
     for batch_id in due:
         # Conditional: a batch that finished or was cancelled meanwhile is left alone.
-        moved = session.execute(update(Batch).where(
+        moved = affected(session.execute(update(Batch).where(
             Batch.id == batch_id, Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)),
-            Batch.expired_at.is_(None)).values(expired_at=now)).rowcount
+            Batch.expired_at.is_(None)).values(expired_at=now)))
         session.commit()
         if moved:
             cancel_jobs(session, where=(Job.batch_id == batch_id), error=EXPIRED_ERROR)

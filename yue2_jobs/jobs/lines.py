@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from yue2_jobs.core.config import Settings
@@ -108,8 +108,8 @@ def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_exper
                                       field=f"line {n}.url", status=400)
         try:
             reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
-            job = validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body.")
-            job.custom_id = custom_id
+            job = replace(validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body."),
+                          custom_id=custom_id)
             out.append(ParsedLine(custom_id, job, None, reference, span=(start, end)))
         except InvalidRequestError as exc:
             out.append(ParsedLine(custom_id, None, exc, span=(start, end)))

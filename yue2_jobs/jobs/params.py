@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import SafeStr, check_depth
@@ -70,7 +71,7 @@ class ValidatedJob:
     decoding: DecodingParams | None = None
 
 
-def _field_of(error: dict[str, Any]) -> str:
+def _field_of(error: ErrorDetails) -> str:
     return ".".join(str(p) for p in error["loc"]) or "body"
 
 
@@ -86,16 +87,17 @@ def _parse(model: type[M], body: dict[str, Any], field_prefix: str) -> M:
 
 def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefix: str = "") -> ValidatedJob:
     """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
+    where = field_prefix.rstrip(".") or "body"
     if not isinstance(body, dict):
-        raise InvalidRequestError(f"{field_prefix or 'body'} must be a JSON object", field=field_prefix or "body")
-    check_depth(body, field=field_prefix.rstrip(".") or "body")
+        raise InvalidRequestError(f"{where} must be a JSON object", field=where)
+    check_depth(body, field=where)
     if (body.get("kind") or kind) == "render_font":
         return _validate_render(body, kind=kind, settings=settings, field_prefix=field_prefix)
     parsed = _parse(JobBody, body, field_prefix)
-    kind = parsed.kind or kind or "summarize"
-    if parsed.kind and kind != parsed.kind:
+    if parsed.kind and kind and parsed.kind != kind:
         raise InvalidRequestError(f"{field_prefix}kind {parsed.kind!r} does not match the endpoint's {kind!r}",
                                   field=f"{field_prefix}kind")
+    kind = parsed.kind or kind or "summarize"
     text_field = TEXT_FIELD[kind]
     text = getattr(parsed, text_field)
     if text is None or not text.strip():

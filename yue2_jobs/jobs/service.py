@@ -8,9 +8,9 @@ enqueues whatever a crash between the two left behind.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import Table, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
@@ -18,7 +18,7 @@ from yue2_jobs.core.ids import new_id
 from yue2_jobs.core.safe import require_id
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.queries import get_owned
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import affected, utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs.assignment import get_experiment, variants_for
 from yue2_jobs.jobs.capacity import no_worker_warnings
@@ -72,7 +72,7 @@ def get_job(session: Session, *, tenant: str, job_id: str) -> Job:
 def get_job_row(session: Session, *, tenant: str, job_id: str) -> Any:
     """`get_job` as a Core row (attribute access like the ORM object), without the ORM's overhead."""
     require_id(job_id, what="job")
-    table = Job.__table__
+    table = cast(Table, Job.__table__)
     row = session.execute(select(table).where(table.c.id == job_id, table.c.tenant == tenant)).one_or_none()
     if row is None:
         raise NotFoundError(f"no job {job_id!r}")
@@ -158,7 +158,8 @@ def request_counts_of(session: Session, batch_ids: list[str]) -> dict[str, dict[
         for batch_id, status, n in session.execute(
                 select(Job.batch_id, Job.status, func.count()).where(Job.batch_id.in_(batch_ids))
                 .group_by(Job.batch_id, Job.status)).all():
-            by_batch[batch_id][status] = n
+            if batch_id is not None:  # the IN above matches batches only; the column is nullable
+                by_batch[batch_id][status] = n
     return {b: {"total": sum(c.values()), "completed": c.get(JobStatus.SUCCEEDED, 0),
                 "failed": c.get(JobStatus.FAILED, 0), "cancelled": c.get(JobStatus.CANCELLED, 0),
                 "queued": c.get(JobStatus.QUEUED, 0), "running": c.get(JobStatus.RUNNING, 0)}
@@ -168,9 +169,9 @@ def request_counts_of(session: Session, batch_ids: list[str]) -> dict[str, dict[
 def cancel_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:
     b = get_batch(session, tenant=tenant, batch_id=batch_id)
     now = utcnow()
-    moved = session.execute(
+    moved = affected(session.execute(
         update(Batch).where(Batch.id == b.id, Batch.status.in_((BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)))
-        .values(status=BatchStatus.CANCELLING, cancelling_at=now)).rowcount
+        .values(status=BatchStatus.CANCELLING, cancelling_at=now)))
     session.commit()
     if not moved and b.status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED):
         raise ConflictError(f"batch {batch_id!r} is {b.status}; only a validating or in-progress batch can be "

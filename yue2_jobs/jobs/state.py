@@ -13,13 +13,13 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, bindparam, or_, select, update
+from sqlalchemy import Table, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Job, JobStatus
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import affected, utcnow
 
 CLAIM_COLUMNS = (Job.id, Job.tenant, Job.batch_id, Job.custom_id, Job.kind, Job.variant, Job.params, Job.input_text,
                  Job.input_key, Job.attempts, Job.claim_token)
@@ -86,8 +86,8 @@ def renew_leases(session: Session, *, claims: dict[str, str], lease_s: float) ->
         # for it could deadlock with the recorder's transaction, which locks rows in id order.
         held = (select(Job.id).where(Job.id.in_(ids), Job.claim_token == token, Job.status == JobStatus.RUNNING)
                 .order_by(Job.id).with_for_update(skip_locked=True))
-        n += session.execute(update(Job).where(Job.id.in_(held.scalar_subquery())).values(lease_expires_at=until)
-                             ).rowcount
+        n += affected(session.execute(update(Job).where(Job.id.in_(held.scalar_subquery()))
+                                      .values(lease_expires_at=until)))
         session.commit()
     return n
 
@@ -117,7 +117,7 @@ def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:
     An update takes only where the claim is still this worker's and the job was not cancelled
     meanwhile; returns how many took.
     """
-    table = Job.__table__
+    table = cast(Table, Job.__table__)
     stmt = (table.update()
             .where(table.c.id == bindparam("b_id"), table.c.claim_token == bindparam("b_token"),
                    table.c.status == JobStatus.RUNNING)
@@ -138,10 +138,10 @@ def finish_jobs(session: Session, results: Iterable[dict[str, Any]]) -> int:
 def cancel_jobs(session: Session, *, where: Any, error: dict[str, Any] | None = None) -> int:
     """Cancel the unfinished jobs matching `where`; a running one's result will be discarded.
     `error` is what the batch's error file says of them (default: cancelled)."""
-    n = session.execute(
+    n = affected(session.execute(
         update(Job).where(where, Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)))
         .values(status=JobStatus.CANCELLED, finished_at=utcnow(), lease_expires_at=None,
                 **({"error": error} if error is not None else {}))
-    ).rowcount
+    ))
     session.commit()
     return n

@@ -136,15 +136,12 @@ class Yue2Config(PretrainedConfig):
         self.scale_embedding = scale_embedding
         self.init_std = init_std
         self.unk_token_id = unk_token_id
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            decoder_start_token_id=decoder_start_token_id,
-            is_encoder_decoder=is_encoder_decoder,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        # transformers' config decorator takes the token ids (and any other field) as keywords,
+        # though the signature it exposes to type checkers lists only the base fields.
+        special: dict[str, Any] = dict(pad_token_id=pad_token_id, bos_token_id=bos_token_id,
+                                       eos_token_id=eos_token_id, decoder_start_token_id=decoder_start_token_id,
+                                       tie_word_embeddings=tie_word_embeddings)
+        super().__init__(is_encoder_decoder=is_encoder_decoder, **special, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Yue2Config:

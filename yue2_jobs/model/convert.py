@@ -69,6 +69,7 @@ def yue2_config_from_bart(bart: BartConfig, **overrides: object) -> Yue2Config:
     if getattr(bart, "normalize_before", False) or getattr(bart, "add_final_layer_norm", False):
         raise CheckpointError("pre-LayerNorm BART variants (mBART-style) are not supported")
     fields = {f: getattr(bart, f) for f in SHARED_FIELDS if hasattr(bart, f)}
+    # BART's fields arrive as a mapping of names the two configs share; Yue2Config checks them.
     return Yue2Config(**fields, **overrides)  # type: ignore[arg-type]
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -191,19 +192,13 @@ class Yue2FeedForward(nn.Module):
         return self.fc2(h)
 
 
-def _init_self_attention(layer: nn.Module, config: Yue2Config, heads: int) -> int:
-    """The self-attention sublayer every encoder and decoder layer starts with; returns d_model."""
-    c = config.d_model
-    layer.dropout = config.dropout
-    layer.self_attn = Yue2SelfAttention(c, heads, config.attention_dropout)
-    layer.self_attn_layer_norm = nn.LayerNorm(c)
-    return c
-
-
 class Yue2EncoderLayer(nn.Module):
     def __init__(self, config: Yue2Config) -> None:
         super().__init__()
-        c = _init_self_attention(self, config, config.encoder_attention_heads)
+        c = config.d_model
+        self.dropout: float = config.dropout
+        self.self_attn = Yue2SelfAttention(c, config.encoder_attention_heads, config.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(c)
         self.ffn = Yue2FeedForward(c, config.encoder_ffn_dim, config.activation_function, config.activation_dropout)
         self.final_layer_norm = nn.LayerNorm(c)
 
@@ -217,7 +212,10 @@ class Yue2DecoderLayer(nn.Module):
 
     def __init__(self, config: Yue2Config) -> None:
         super().__init__()
-        c = _init_self_attention(self, config, config.decoder_attention_heads)
+        c = config.d_model
+        self.dropout: float = config.dropout
+        self.self_attn = Yue2SelfAttention(c, config.decoder_attention_heads, config.attention_dropout)
+        self.self_attn_layer_norm = nn.LayerNorm(c)
         self.encoder_attn = Yue2CrossAttention(c, config.decoder_attention_heads, config.attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(c)
         self.ffn = Yue2FeedForward(c, config.decoder_ffn_dim, config.activation_function, config.activation_dropout)
@@ -257,8 +255,8 @@ class Yue2NarLayer(nn.Module):
     def __init__(self, config: Yue2Config) -> None:
         super().__init__()
         c = config.d_model
-        self.block_size = config.nar_block_size
-        self.dropout = config.dropout
+        self.block_size: int = config.nar_block_size
+        self.dropout: float = config.dropout
         self.self_attn = Yue2SelfAttention(c, config.decoder_attention_heads, config.attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(c)
         self.encoder_attn = Yue2CrossAttention(c, config.decoder_attention_heads, config.attention_dropout)
@@ -315,7 +313,8 @@ class Yue2PreTrainedModel(PreTrainedModel):
     config_class = Yue2Config
     base_model_prefix = "yue2"
     main_input_name = "input_ids"
-    _no_split_modules: ClassVar[list[str]] = ["Yue2EncoderLayer", "Yue2DecoderLayer", "Yue2NarLayer"]
+    # transformers declares it an instance attribute, so no ClassVar here.
+    _no_split_modules = ["Yue2EncoderLayer", "Yue2DecoderLayer", "Yue2NarLayer"]  # noqa: RUF012
     _supports_sdpa = True
 
     def _init_weights(self, module: nn.Module) -> None:
@@ -328,10 +327,12 @@ class Yue2PreTrainedModel(PreTrainedModel):
                 init.copy_(table.weight, _sinusoids(*table.weight.shape) * self.config.init_std * math.sqrt(2))
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], *model_args: Any,
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[Any] | None, *model_args: Any,
                         **kwargs: Any) -> Any:
         """Load a local YuE2 checkpoint; only safetensors weights (pickle files can run code).
         `yue2_jobs.model.checkpoint.load_checkpoint` verifies the files before it calls this."""
+        if pretrained_model_name_or_path is None:
+            raise ValueError("a YuE2 checkpoint directory is required")
         kwargs["use_safetensors"] = True
         model = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         if (Path(pretrained_model_name_or_path) / GENERATION_CONFIG_NAME).is_file():
@@ -372,7 +373,17 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
+    def ar_layers(self) -> Sequence[Yue2DecoderLayer]:
+        """`decoder_layers` as what they are (an `nn.ModuleList` is typed as holding any module)."""
+        return cast("Sequence[Yue2DecoderLayer]", self.decoder_layers)
+
+    def nar_blocks(self) -> Sequence[Yue2NarLayer]:
+        """`nar_layers` as what they are."""
+        return cast("Sequence[Yue2NarLayer]", self.nar_layers)
+
+    def set_input_embeddings(self, value: nn.Module) -> None:
+        if not isinstance(value, nn.Embedding):
+            raise TypeError(f"the input embeddings must be an nn.Embedding, got {type(value).__name__}")
         self.shared = value
 
     def _embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
@@ -409,8 +420,8 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
             x = layer(x, mask)
         return Yue2EncoderState(
             hidden=x, mask=mask,
-            cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.decoder_layers],
-            nar_cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.nar_layers],
+            cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.ar_layers()],
+            nar_cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.nar_blocks()],
         )
 
     # ---- AR branch -------------------------------------------------------------------------
@@ -454,7 +465,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         span = min(int(positions.max()) + 1 if span is None else span, caches[0].k.shape[2])
         key_pos = torch.arange(span, device=tokens.device)
         self_mask = (key_pos <= positions[:, :, None])[:, None]  # (B, 1, W, span)
-        for i, layer in enumerate(self.decoder_layers):
+        for i, layer in enumerate(self.ar_layers()):
             x = layer.block_step(x, layout=layout, cross_kv=enc.cross_kv[i], enc_mask=enc.mask, cache=caches[i],
                                  positions=positions, span=span, self_mask=self_mask)
         return x.view(b, w, -1)
@@ -504,7 +515,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         x = hidden + F.embedding(next_tokens, self.shared.weight) * self.embed_scale  # (B, C)
         x = x[:, None, :] + self.nar_slot_embed.weight  # (B, K, C)
         x = F.layer_norm(x, (c,), ln.weight, ln.bias, ln.eps).reshape(b * k, c)  # (B*K, C)
-        for i, layer in enumerate(self.nar_layers):
+        for i, layer in enumerate(self.nar_blocks()):
             x = layer.step(x, layout=layout, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
         logits = layout.lm_logits(x).view(b, k, -1)  # (B, K, V)
         return logits, self.confidence_head(x.view(b, k, c), logits)

@@ -34,7 +34,7 @@ def nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor
         rows, positions, slots = valid.nonzero(as_tuple=True)  # the order of boolean indexing
         target_logp = ar_logp[rows, idx_c[positions, slots]]  # (N, V)
     # The NAR cross-attention projections train in stage 2, so they are recomputed with grad.
-    enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_layers]
+    enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_blocks()]
     slots = model.draft_hidden(hidden, next_tok, enc)[valid]  # (N, C)
     draft_logits = model.lm_logits(slots)  # (N, V)
     return draft_logits, model.confidence_head(slots, draft_logits), target_logp.argmax(-1), target_logp

@@ -101,7 +101,8 @@ def parse_translation(text: str) -> Iterator[tuple[str, str, str]]:
         desc = fields.get("Description-en")
         if not desc or "Package" not in fields:
             continue
-        paragraphs, para = [], []
+        paragraphs: list[str] = []
+        para: list[str] = []
         for line in [*desc[1:], "."]:
             if line.strip() == ".":
                 if para:

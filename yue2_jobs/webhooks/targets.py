@@ -80,7 +80,7 @@ def check_url(url: str, *, allow_private: bool) -> str:
     """`url` when a webhook may be sent to it; otherwise a 400 naming `url` and the reason."""
     host, port = check_url_shape(url)
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
     except (socket.gaierror, UnicodeError) as exc:
         raise _bad(f"host {host!r} does not resolve ({exc})") from None
     if not allow_private:

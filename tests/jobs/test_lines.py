@@ -1,0 +1,83 @@
+"""A batch input file, line by line (`parse_batch_file`): one bad line fails alone, a file-level
+problem is a 400 naming the line, every limit is explicit — no server needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from yue2_jobs.core.config import Settings
+from yue2_jobs.errors import InvalidRequestError, LimitExceededError
+from yue2_jobs.jobs.keys import line_ref, parse_line_ref
+from yue2_jobs.jobs.lines import parse_batch_file
+
+SETTINGS = Settings(max_batch_items=5, max_input_chars=50)
+
+
+def jsonl(*lines: object) -> bytes:
+    return b"".join((ln if isinstance(ln, bytes) else json.dumps(ln).encode()) + b"\n" for ln in lines)
+
+
+def line(custom_id: str, **body: object) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/summarize", "body": body}
+
+
+def test_good_lines_parse_with_their_byte_spans() -> None:
+    data = jsonl(line("a", input="first"), line("b", input="second", mode="ar", max_new_tokens=9))
+    parsed = parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
+    assert [p.custom_id for p in parsed] == ["a", "b"] and all(p.error is None for p in parsed)
+    assert parsed[1].job is not None and parsed[1].job.custom_id == "b"
+    assert (parsed[1].job.decoding.mode, parsed[1].job.decoding.max_new_tokens) == ("ar", 9)
+    for p in parsed:  # each span is the line itself, which a job's input reference points at
+        start, end = p.span
+        assert json.loads(data[start:end])["custom_id"] == p.custom_id
+        assert parse_line_ref(line_ref("t/files/f.jsonl", start, end)) == ("t/files/f.jsonl", (start, end))
+
+
+def test_a_bad_line_fails_alone() -> None:
+    deep = b'{"custom_id": "deep", "body": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    data = jsonl(line("ok", input="fine"), line("empty", input=""), line("long", input="x" * 51),
+                 line("knob", input="x", temperature=-1), deep)
+    parsed = {p.custom_id: p for p in parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)}
+    assert parsed["ok"].error is None
+    assert parsed["empty"].error is not None and parsed["empty"].error.field == "body.input"
+    long_error = parsed["long"].error
+    assert isinstance(long_error, LimitExceededError) and long_error.limit == 50
+    assert parsed["knob"].error is not None and parsed["knob"].error.field == "body.temperature"
+    assert parsed["deep"].error is not None and "nested more than" in str(parsed["deep"].error)
+
+
+def test_crlf_and_blank_lines_are_fine() -> None:
+    data = json.dumps(line("a", input="x")).encode() + b"\r\n\r\n" + json.dumps(line("b", input="y")).encode()
+    assert [p.custom_id for p in parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(("data", "field", "text"), [
+    (jsonl(line("a", input="x"), line("a", input="y")), "line 2.custom_id", "used twice"),
+    (jsonl(line("a", input="x"), b"{not json"), "line 2", "not valid JSON"),
+    (jsonl(line("a", input="x"), [1, 2]), "line 2", "must be a JSON object"),
+    (jsonl({**line("a", input="x"), "url": "/v1/generate"}), "line 1.url", "POST /v1/summarize"),
+    (b"\n \n", "input_file_id", "no requests"),
+])
+def test_file_level_problems_name_the_line(data: bytes, field: str, text: str) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
+    assert caught.value.field == field and caught.value.status == 400 and text in str(caught.value)
+
+
+def test_too_many_lines_name_the_limit_and_the_count() -> None:
+    data = jsonl(*(line(str(i), input="x") for i in range(7)))
+    with pytest.raises(LimitExceededError) as caught:
+        parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
+    assert (caught.value.field, caught.value.limit, caught.value.actual) == ("input_file_id", 5, 7)
+
+
+def test_an_experiment_assigns_the_variant_and_a_reference_is_text() -> None:
+    data = jsonl({**line("a", input="x"), "reference": "the summary"}, line("b", input="y", variant="legal"),
+                 {**line("c", input="z"), "reference": 3})
+    parsed = {p.custom_id: p for p in parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS,
+                                                       in_experiment=True)}
+    assert parsed["a"].error is None and parsed["a"].reference == "the summary"
+    assert parsed["b"].error is not None and parsed["b"].error.field == "body.variant"
+    assert parsed["c"].error is not None and parsed["c"].error.field == "reference"
