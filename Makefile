@@ -23,12 +23,14 @@ demo: $(STAMP)
 ab-demo: $(STAMP)
 	$(PY) -m yue2_jobs ab demo --out benchmarks/results
 
-test: $(STAMP)
-	$(PY) -m pytest -q tests
+# The unit tests first, spread over the cores (one torch thread per process: tiny models are
+# bound by op dispatch, not FLOPs); then, one at a time, the tests that share the servers.
+test: test-fast
+	$(PY) -m pytest -q -m slow tests
 
 # The unit tests: no servers, no subprocess workers (about a minute on 2 cores).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow" tests
 
 # ruff, the import contracts (pyproject.toml) and mypy over yue2_jobs/ and workers/.
 lint: $(STAMP)

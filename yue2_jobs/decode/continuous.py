@@ -245,7 +245,7 @@ class ContinuousBatcher(Generic[K]):
         start = time.perf_counter()
         shape = StepShape.of(k=self.k, drafts="nar" if "hybrid" in modes else "none", params=self.params,
                              ban_eos=any(s.request.min_new_tokens > 0 for s in live))
-        self.steps.run(ws.st, ws.encoder_state(), ws.caches, shape=shape,
+        self.steps.run(ws.st, ws.encoder_state(), ws.caches, layout=self.steps.layout(), shape=shape,
                        span=min(self.t_cache, ws.reach + shape.width))
         ws.reach += shape.width
         if before is not None:  # the step's token count is read with the finished flags, in `_collect`

@@ -96,6 +96,7 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
                trust_p=NEVER_TRUST if policy.trust_threshold is None else policy.trust_threshold)
     shape = StepShape.of(k=k, drafts=policy.source, params=params, trust=policy.trust_threshold is not None)
     caches = model.new_caches(batch_size=b, max_len=cache_len)
+    layout = steps.layout()
     out = torch.full((b, t_buf), pad, dtype=torch.long, device=dev)
     out_len = torch.ones(b, dtype=torch.long, device=dev)
     ids = everyone  # (A,): batch row of each working row
@@ -104,8 +105,8 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
     every = 1 if policy.host_drafter is not None else (sync_every or default_sync_every(dev))
     while True:
         for _ in range(every):
-            steps.run(rows, enc, caches, shape=shape, span=min(cache_len, reach + shape.width), generator=generator,
-                      draft_q=draft_q)
+            steps.run(rows, enc, caches, layout=layout, shape=shape, span=min(cache_len, reach + shape.width),
+                      generator=generator, draft_q=draft_q)
             reach += shape.width
         if policy.host_drafter is not None:
             _lookup_drafts(policy.host_drafter, ids, rows, total)

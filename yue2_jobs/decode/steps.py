@@ -53,11 +53,13 @@ class Steps:
         """The graphs captured for `shape`, if any."""
         return self.graphs.get(shape)
 
-    def run(self, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *, shape: StepShape, span: int,
-            generator: torch.Generator | None = None, draft_q: list[torch.Tensor | None] | None = None) -> None:
+    def run(self, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *, layout: StepLayout,
+            shape: StepShape, span: int, generator: torch.Generator | None = None,
+            draft_q: list[torch.Tensor | None] | None = None) -> None:
         """One engine step (`engine_step`'s arguments): replayed from the graphs when they cover
-        the shape and the rows, else eager."""
+        the shape and the rows, else eager. `layout` is `self.layout()`, which a loop asks for
+        once (checking that the weights are current costs a pass over every parameter)."""
         graphs = None if shape.params.do_sample else self.captured(shape)
         if graphs is None or not graphs.run(rows, enc, caches):
-            engine_step(self.model, rows, enc, caches, layout=self.layout(), shape=shape, span=span,
-                        generator=generator, draft_q=draft_q)
+            engine_step(self.model, rows, enc, caches, layout=layout, shape=shape, span=span, generator=generator,
+                        draft_q=draft_q)
