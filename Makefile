@@ -115,7 +115,7 @@ flower: $(STAMP)
 
 # ROUGE and the share of degenerate outputs of both checkpoints beside the lead-1 baseline.
 eval: $(STAMP)
-	$(PY) -m yue2_jobs eval checkpoints/base checkpoints/legal --set general --set legal
+	$(PY) -m yue2_jobs eval checkpoints/base checkpoints/legal --set general --set legal --mode ar
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

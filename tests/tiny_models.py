@@ -111,6 +111,9 @@ def generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor,
              attention_mask: torch.Tensor | None = None, return_dict_in_generate: bool = False,
              **kwargs: Any) -> Any:
     """`session_of(model).generate(...)`: its `sequences`, or with `return_dict_in_generate` the
-    whole output (the shape of Hugging Face's `generate`, which these tests were written against)."""
+    whole output (the shape of Hugging Face's `generate`, which these tests were written against).
+    The mode defaults to `hybrid`, the default of the function these tests first called."""
+    if "params" not in kwargs:
+        kwargs.setdefault("mode", "hybrid")
     out = session_of(model).generate(input_ids, attention_mask, **kwargs)
     return out if return_dict_in_generate else out.sequences

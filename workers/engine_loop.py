@@ -61,7 +61,8 @@ class _Finished:
         rows = [self.rows.pop(job.id) for job, _ in self.done]
         for job, _ in self.done:
             self.inputs.pop(job.id, None)
-        batch.record(runner, rows, [j for j, _ in self.done], [o for _, o in self.done], [])
+        batch.record(runner, rows=rows, inputs=[j for j, _ in self.done], outputs=[o for _, o in self.done],
+                     failed=[])
         self.done = []
 
 
@@ -110,7 +111,7 @@ def _admit_group(ctx: WorkerContext, batch: MicroBatch, group: list[str], runner
     inputs, failed, _ = load_inputs(ctx, rows)
     if failed:
         failed_ids = {f["id"] for f in failed}
-        batch.record(runner, [r for r in rows if r.id in failed_ids], [], [], failed)
+        batch.record(runner, rows=[r for r in rows if r.id in failed_ids], inputs=[], outputs=[], failed=failed)
     fin.rows.update((r.id, r) for r in rows)
     fin.inputs.update((j.id, j) for j in inputs)
     other = [j for j in inputs if not runner.continuous_ok(j)]

@@ -23,6 +23,11 @@ class JobInput:
     decoding: DecodingParams | None = None  # None: not a text job
     long_input: LongInput = "truncate"
 
+    def __post_init__(self) -> None:
+        if (self.decoding is None) != (self.kind == "render_font"):
+            raise ValueError(f"job {self.id}: a {self.kind} job {'has no' if self.decoding is None else 'takes no'} "
+                             "decoding parameters; build it with JobInput.of")
+
     @classmethod
     def of(cls, *, id: str, kind: str, text: str, params: dict[str, Any]) -> JobInput:
         """A job from its row; a text job's stored parameters that no longer parse raise ValueError

@@ -77,10 +77,11 @@ class MicroBatch:
         self.batch_ids.update(r.batch_id for r in rows if r.batch_id is not None)
         return rows
 
-    def record(self, runner: Runner, rows: list[ClaimedJob], inputs: list[JobInput],
+    def record(self, runner: Runner, *, rows: list[ClaimedJob], inputs: list[JobInput],
                outputs: list[JobOutput | Exception], failed: list[dict[str, Any]]) -> None:
-        """Store and mark results on the recorder thread (it overlaps the next decode); `runner`
-        is the one that decoded them."""
+        """Store and mark results on the recorder thread (it overlaps the next decode): `outputs`
+        are `inputs`' (one each, in order), `failed` the results of jobs that failed before
+        decoding; `runner` is the one that decoded them."""
         self._pending.append(self.ctx.recorder.submit(record, self.ctx, runner, rows, inputs, outputs, failed))
 
     def wait(self) -> None:

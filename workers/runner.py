@@ -1,7 +1,7 @@
 """A worker's job runner: one YuE2 checkpoint in memory, jobs through the decoder.
 
-Greedy `ar`/`hybrid` jobs go through the continuous-batching engine (`engine`, fed by
-`workers.tasks`). Everything else (sampling, `hybrid_fast`, `nar`, `prompt_lookup`, a job whose
+Greedy `auto`/`ar`/`hybrid` jobs go through the continuous-batching engine (`engine`, fed by
+`workers.engine_loop`). Everything else (sampling, `hybrid_fast`, `nar`, `prompt_lookup`, a job whose
 step failed with the rest of its rows) goes through `run`: jobs with equal decoding parameters
 share `generate` calls (length-sorted, to cut padding); if a call raises, its jobs are split in
 halves and retried, so only the job that breaks decoding fails and its batch-mates succeed.

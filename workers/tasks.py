@@ -68,7 +68,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             t_decode = time.perf_counter()
             outputs = runner.run(inputs) if inputs else []
             decode_s += time.perf_counter() - t_decode
-            batch.record(runner, rows, inputs, outputs, failed)
+            batch.record(runner, rows=rows, inputs=inputs, outputs=outputs, failed=failed)
     batch.finish()
     log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
              decode_s)

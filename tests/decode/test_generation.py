@@ -53,10 +53,11 @@ def test_sampling_is_seeded_and_top_k_1_is_greedy(tiny_yue2, batch):
 
 
 def test_top_p_keeps_only_the_nucleus():
+    from yue2_jobs.decode.params import DecodingParams
     from yue2_jobs.decode.sampling import SamplingParams, select_next_token
 
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    params = SamplingParams(do_sample=True, top_p=0.7)
+    params = SamplingParams.of(DecodingParams(do_sample=True, top_p=0.7))
     g = torch.Generator().manual_seed(0)
     drawn = {int(select_next_token(logits, params, g)) for _ in range(200)}
     assert drawn == {0, 1}

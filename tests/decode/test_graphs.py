@@ -72,9 +72,9 @@ def test_the_engine_replays_too_and_too_many_rows_step_eagerly(tiny_yue2, tiny_c
 def test_sampling_is_not_captured(tiny_yue2):
     from yue2_jobs.decode.sampling import SamplingParams
 
+    sampled = SamplingParams.of(DecodingParams(do_sample=True))
     with pytest.raises(ValueError, match="greedy"):
-        StepGraphs(tiny_yue2, shape=StepShape.of(k=3, drafts="nar", params=SamplingParams(do_sample=True)),
-                   buckets=(1,))
+        StepGraphs(tiny_yue2, shape=StepShape.of(k=3, drafts="nar", params=sampled), buckets=(1,))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

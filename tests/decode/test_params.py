@@ -53,9 +53,15 @@ def test_sampling_params_derive_from_the_request_and_the_checkpoint(tiny_yue2) -
     gen_penalty, gen_ngram = gen.repetition_penalty, gen.no_repeat_ngram_size
     try:
         gen.repetition_penalty, gen.no_repeat_ngram_size = 1.2, 3
-        assert SamplingParams.greedy(gen) == SamplingParams(repetition_penalty=1.2, no_repeat_ngram_size=3)
+        greedy = SamplingParams.greedy(gen)
+        assert greedy == SamplingParams.of(DecodingParams(mode="ar", max_new_tokens=9, repetition_penalty=1.2,
+                                                          no_repeat_ngram_size=3))  # mode and length do not matter
+        assert (greedy.do_sample, greedy.repetition_penalty, greedy.no_repeat_ngram_size) == (False, 1.2, 3)
         own = SamplingParams.of(DecodingParams(do_sample=True, top_k=5, no_repeat_ngram_size=0), gen)
-        assert own == SamplingParams(do_sample=True, top_k=5, repetition_penalty=1.2, no_repeat_ngram_size=0)
+        assert (own.do_sample, own.top_k, own.repetition_penalty, own.no_repeat_ngram_size) == (True, 5, 1.2, 0)
+        gen.repetition_penalty = 0.0  # a broken generation config is refused, naming the field
+        with pytest.raises(ValueError, match="repetition_penalty"):
+            SamplingParams.greedy(gen)
     finally:
         gen.repetition_penalty, gen.no_repeat_ngram_size = gen_penalty, gen_ngram
 

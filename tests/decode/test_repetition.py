@@ -85,7 +85,7 @@ def test_processor_matches_hf_for_every_prefix():
     logits = torch.randn(4, 3, 6, generator=g)
     for penalty, n in ((1.4, 0), (1.0, 2), (1.0, 3), (1.2, 1), (0.6, 2)):
         got = repetition_controls(logits.clone(), seq, length,
-                                  SamplingParams(repetition_penalty=penalty, no_repeat_ngram_size=n))
+                                  SamplingParams.of(DecodingParams(repetition_penalty=penalty, no_repeat_ngram_size=n)))
         for a in range(4):
             for w in range(3):
                 ctx = seq[a : a + 1, : length[a, w]]

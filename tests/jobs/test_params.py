@@ -24,8 +24,10 @@ def test_defaults_are_decoding_params_own(settings: Settings) -> None:
     assert (settings.default_mode, settings.default_max_new_tokens) == (DEFAULT_MODE, DEFAULT_MAX_NEW_TOKENS)
     # What the worker parses back from the stored row is the same value.
     assert DecodingParams.from_mapping(job.params) == job.decoding
-    assert job.params == {"mode": "auto", "max_new_tokens": 48, "do_sample": False, "temperature": 1.0,
-                          "long_input": "truncate"}
+    assert job.params == {"mode": "auto", "max_new_tokens": 48, "long_input": "truncate"}
+    # A job's stored parameters are a valid job body again.
+    again = validate_job({"input": "A text.", **job.params}, kind=None, settings=settings)
+    assert again.decoding == job.decoding and again.params == job.params
 
 
 def test_an_operator_default_and_a_request_value_reach_the_decoding_params(settings: Settings) -> None:
@@ -37,6 +39,7 @@ def test_an_operator_default_and_a_request_value_reach_the_decoding_params(setti
     assert job.kind == "generate" and job.decoding == DecodingParams(
         mode="hybrid", max_new_tokens=7, do_sample=True, top_p=0.5, seed=3, no_repeat_ngram_size=2)
     assert DecodingParams.from_mapping(job.params) == job.decoding
+    assert validate_job({"prompt": "x", **job.params}, kind="generate", settings=settings).decoding == job.decoding
 
 
 @pytest.mark.parametrize(("body", "field", "status", "text"), [

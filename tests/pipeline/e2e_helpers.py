@@ -21,11 +21,13 @@ from yue2_jobs.db.session import session_factory
 @cache
 def direct_summaries(texts: tuple[str, ...], mode: str = "hybrid") -> dict[str, str]:
     """What calling the model directly gives, without the pipeline."""
-    from yue2_jobs.training.evaluate import summarize
+    from yue2_jobs.decode.params import DecodingParams
+    from yue2_jobs.decode.session import DecodeSession
 
     model, tokenizer = shipped_base()
     unique = sorted(set(texts))
-    return dict(zip(unique, summarize(model, tokenizer, unique, mode=mode), strict=True))
+    session = DecodeSession(model, tokenizer=tokenizer)
+    return dict(zip(unique, session.summarize(unique, DecodingParams(mode=mode)), strict=True))
 
 
 def write_batch(path: Path, texts: list[str], *, prefix: str = "r") -> dict[str, str]:

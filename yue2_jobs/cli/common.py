@@ -39,18 +39,22 @@ def add_controls(p: argparse.ArgumentParser) -> None:
 
 
 def add_decoding(p: argparse.ArgumentParser) -> None:
-    """`--mode`, `--max-new-tokens` and the repetition controls, defaulting as a job does."""
-    p.add_argument("--mode", default=DEFAULT_MODE, choices=MODES, help=f"decoding mode (default {DEFAULT_MODE})")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help=f"length cap in tokens (default {DEFAULT_MAX_NEW_TOKENS})")
+    """`--mode`, `--max-new-tokens` and the repetition controls, defaulting as a job does (the
+    server's defaults: `YUE2_DEFAULT_MODE`, `YUE2_DEFAULT_MAX_NEW_TOKENS`, else `DecodingParams`')."""
+    p.add_argument("--mode", default=None, choices=MODES,
+                   help=f"decoding mode (default: YUE2_DEFAULT_MODE, else {DEFAULT_MODE})")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"length cap in tokens (default: YUE2_DEFAULT_MAX_NEW_TOKENS, else {DEFAULT_MAX_NEW_TOKENS})")
     add_controls(p)
 
 
 def decoding(args: argparse.Namespace) -> DecodingParams:
     """The `DecodingParams` of `add_decoding`'s options; a bad value exits with its message."""
+    s = settings()
+    mode = s.default_mode if args.mode is None else args.mode
+    max_new = s.default_max_new_tokens if args.max_new_tokens is None else args.max_new_tokens
     try:
-        return DecodingParams(mode=args.mode, max_new_tokens=args.max_new_tokens,
-                              repetition_penalty=args.repetition_penalty,
+        return DecodingParams(mode=mode, max_new_tokens=max_new, repetition_penalty=args.repetition_penalty,
                               no_repeat_ngram_size=args.no_repeat_ngram_size)
     except ValueError as exc:
         raise SystemExit(f"yue2: {exc}") from None

@@ -78,11 +78,20 @@ class DecodingParams:
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
 
     def with_(self, **changes: Any) -> DecodingParams:
-        """A copy with `changes` (checked again)."""
+        """A copy with `changes` (checked again); a name that is not a field is a ValueError."""
+        unknown = sorted(set(changes) - {f.name for f in fields(self)})
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not a decoding parameter; the fields are "
+                             f"{', '.join(f.name for f in fields(self))}")
         return replace(self, **changes) if changes else self
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def stored(self) -> dict[str, Any]:
+        """The JSON a job row keeps: the mode, the length and every field set to other than its
+        default, which is what a request may send (`from_mapping` reads it back to an equal
+        `DecodingParams`, and a client may send it again as a job body)."""
+        default = DecodingParams()
+        return {k: v for k, v in asdict(self).items()
+                if k in ("mode", "max_new_tokens") or v != getattr(default, k)}
 
     @property
     def sets_repetition_controls(self) -> bool:

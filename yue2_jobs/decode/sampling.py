@@ -11,43 +11,70 @@ from transformers import GenerationConfig
 
 from yue2_jobs.decode.params import DecodingParams
 
+# What a step reads when nothing is asked: greedy, no repetition controls.
+_PLAIN = DecodingParams(repetition_penalty=1.0, no_repeat_ngram_size=0)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How each step chooses its next token: a request's `DecodingParams` as the engine step reads
-    them, built by `of`. The sampling fields are the request's (`do_sample=False` is greedy and
-    ignores temperature, top_k and top_p); the repetition controls are resolved to numbers, the
-    request's or else the checkpoint generation config's, as Hugging Face's `generate` takes them:
-    `repetition_penalty` divides the (positive) logit of every token already in the decoder
-    sequence by the penalty, and multiplies a negative one by it (1 is off);
-    `no_repeat_ngram_size` n > 0 bans any token that would complete an n-gram the sequence already
-    holds. The decoder sequence starts with the decoder start token. `DecodingParams` checked
-    every value; this type checks none again. Hashable: it is part of a `StepShape`, the key of
-    captured CUDA graphs."""
+    them. Nothing is declared twice: `resolved` is a `DecodingParams` holding the request's
+    sampling fields and its repetition controls resolved to numbers (the request's, else the
+    checkpoint generation config's, as Hugging Face's `generate` takes them), every other field
+    at its default, so two requests that choose tokens alike have equal (hashable)
+    `SamplingParams`: a `StepShape`, the key of captured CUDA graphs, holds one. `DecodingParams`
+    checks every value, the generation config's included.
 
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
+    `do_sample=False` is greedy and ignores temperature, top_k and top_p. `repetition_penalty`
+    divides the (positive) logit of every token already in the decoder sequence by the penalty,
+    and multiplies a negative one by it (1 is off); `no_repeat_ngram_size` n > 0 bans any token
+    that would complete an n-gram the sequence already holds. The decoder sequence starts with the
+    decoder start token."""
+
+    resolved: DecodingParams = _PLAIN
 
     @classmethod
-    def of(cls, params: DecodingParams, gen: GenerationConfig) -> SamplingParams:
-        """The per-step parameters of a request decoded with generation config `gen`."""
+    def of(cls, params: DecodingParams, gen: GenerationConfig | None = None) -> SamplingParams:
+        """The per-step parameters of a request decoded with generation config `gen` (None: a
+        checkpoint without repetition controls)."""
         penalty = params.repetition_penalty
         if penalty is None:
-            penalty = gen.repetition_penalty if gen.repetition_penalty is not None else 1.0
+            penalty = gen.repetition_penalty if gen is not None and gen.repetition_penalty is not None else 1.0
         ngram = params.no_repeat_ngram_size
         if ngram is None:
-            ngram = gen.no_repeat_ngram_size or 0
-        return cls(do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
-                   repetition_penalty=float(penalty), no_repeat_ngram_size=int(ngram))
+            ngram = (gen.no_repeat_ngram_size if gen is not None else 0) or 0
+        return cls(DecodingParams(do_sample=params.do_sample, temperature=params.temperature, top_k=params.top_k,
+                                  top_p=params.top_p, repetition_penalty=float(penalty),
+                                  no_repeat_ngram_size=int(ngram)))
 
     @classmethod
     def greedy(cls, gen: GenerationConfig) -> SamplingParams:
         """Greedy with the checkpoint's repetition controls: what the continuous engine runs."""
         return cls.of(DecodingParams(), gen)
+
+    @property
+    def do_sample(self) -> bool:
+        return self.resolved.do_sample
+
+    @property
+    def temperature(self) -> float:
+        return self.resolved.temperature
+
+    @property
+    def top_k(self) -> int:
+        return self.resolved.top_k
+
+    @property
+    def top_p(self) -> float:
+        return self.resolved.top_p
+
+    @property
+    def repetition_penalty(self) -> float:
+        return 1.0 if self.resolved.repetition_penalty is None else self.resolved.repetition_penalty
+
+    @property
+    def no_repeat_ngram_size(self) -> int:
+        return self.resolved.no_repeat_ngram_size or 0
 
     @property
     def controls_repetition(self) -> bool:

@@ -37,8 +37,11 @@ class DecodeSession:
     """A YuE2 model on one device and dtype, with its step layout, graphs, chooser and engines.
 
     `device` and `dtype` None keep the model where it is; names (`"auto"`, `"cpu"`, `"cuda"`,
-    `"bfloat16"`, ...) are resolved as the worker's settings are (`model.device`). `tokenizer` is
-    needed only by `summarize`. `weights_sha256`: the checkpoint's, when loaded from one.
+    `"bfloat16"`, ...) are resolved as the worker's settings are (`model.device`), and the model
+    is moved there and put in eval mode (a session decodes; it never trains). Moving the model
+    elsewhere afterwards makes the session refuse to decode rather than decode on the wrong
+    device or dtype: make a new session then. `tokenizer` is needed only by `summarize`.
+    `weights_sha256`: the checkpoint's, when loaded from one.
     """
 
     def __init__(self, model: Yue2ForConditionalGeneration, *, tokenizer: PreTrainedTokenizerBase | None = None,
@@ -64,6 +67,12 @@ class DecodeSession:
         return cls(loaded.model, tokenizer=loaded.tokenizer, device=device, dtype=dtype,
                    weights_sha256=loaded.weights_sha256)
 
+    def _check_placement(self) -> None:
+        here = self.model.shared.weight
+        if (here.device, here.dtype) != (self.device, self.dtype):
+            raise RuntimeError(f"the model was moved to {here.device}/{here.dtype} after this session put it on "
+                               f"{self.device}/{self.dtype}; make a new DecodeSession for it")
+
     @property
     def max_input_tokens(self) -> int:
         """The longest encoder input: the tokenizer's limit or the model's positions, the smaller."""
@@ -81,6 +90,7 @@ class DecodeSession:
         `generate` takes them. Returns `sequences` (B, 1 + n), per-row `stats` and the `mode` run
         (`yue2_jobs.decode.generate.generate`)."""
         params = (params or DecodingParams()).with_(**overrides)
+        self._check_placement()
         return generate(self.steps, self.chooser, input_ids=input_ids.to(self.device),
                         attention_mask=None if attention_mask is None else attention_mask.to(self.device),
                         params=params, min_accept_prob=min_accept_prob, nar_iterations=nar_iterations,
@@ -111,11 +121,17 @@ class DecodeSession:
                policy: Literal["continuous", "static"] = "continuous",
                min_accept_prob: float = DEFAULT_MIN_ACCEPT_PROB) -> ContinuousBatcher[Any]:
         """A continuous-batching engine on this session's model, steps and chooser."""
+        self._check_placement()
         return ContinuousBatcher(self.steps, self.chooser, max_rows=max_rows, max_tokens=max_tokens, policy=policy,
                                  min_accept_prob=min_accept_prob)
 
     def capture_graphs(self, *, max_rows: int, use_graphs: bool | None = None,
                        min_lengths: tuple[bool, ...] = (False,)) -> list[StepGraphs]:
         """Capture the serving steps in CUDA graphs (`Steps.capture`); both `generate` and the
-        engines replay them from then on."""
+        engines replay them from then on. Off CUDA there is nothing to capture (`use_graphs`
+        None: nothing is done); `use_graphs=False` installs plain calls in their place, which is
+        how CPU tests run the replay machinery."""
+        self._check_placement()
+        if use_graphs is None and self.device.type != "cuda":
+            return []
         return self.steps.capture(max_rows=max_rows, use_graphs=use_graphs, min_lengths=min_lengths)

@@ -118,12 +118,13 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     if parsed.do_sample and mode in GREEDY_ONLY_MODES:
         raise InvalidRequestError(f"{field_prefix}mode {mode!r} decodes greedily; do_sample needs ar or hybrid",
                                   field=f"{field_prefix}do_sample")
-    params = parsed.model_dump(include=set(DecodingBody.model_fields), exclude_none=True)
-    params.update(mode=mode, max_new_tokens=max_new, long_input=parsed.long_input or "truncate")
+    given = parsed.model_dump(include=set(DecodingBody.model_fields) - {"long_input"}, exclude_none=True)
     try:
-        decoding = DecodingParams.from_mapping(params)  # what the worker parses from the stored parameters
-    except ValueError as exc:  # the body's limits are DecodingParams' own, so this is a bug, named as one
+        decoding = DecodingParams.from_mapping({**given, "mode": mode, "max_new_tokens": max_new})
+    except ValueError as exc:  # the body's limits are within DecodingParams' own, so this is a bug, named as one
         raise InvalidRequestError(f"{field_prefix}decoding parameters: {exc}", field=f"{field_prefix}body") from None
+    # The row keeps the DecodingParams itself (the worker parses it back: workers.job_io.JobInput.of).
+    params = {**decoding.stored(), "long_input": parsed.long_input or "truncate"}
     return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params,
                         decoding=decoding)
 

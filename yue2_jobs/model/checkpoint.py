@@ -123,7 +123,9 @@ def load_verified(directory: str | os.PathLike[str]) -> LoadedCheckpoint:
     files = verify_checkpoint_dir(directory)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from yue2_jobs.model import modeling_yue2  # noqa: F401 - registers yue2 with the Auto classes
+    from yue2_jobs.model.modeling_yue2 import register_auto_classes
+
+    register_auto_classes()  # what lets the Auto classes below read `model_type: yue2`
 
     root = Path(directory)
     return LoadedCheckpoint(AutoModelForSeq2SeqLM.from_pretrained(root).eval(), AutoTokenizer.from_pretrained(root),
