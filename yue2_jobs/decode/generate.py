@@ -20,7 +20,7 @@ import torch
 from yue2_jobs.decode.auto_mode import ModeChooser
 from yue2_jobs.decode.loop import DraftPolicy, PromptLookupDrafter, decode_batch
 from yue2_jobs.decode.nar import nar_generate
-from yue2_jobs.decode.params import AUTO, DEFAULT_MIN_ACCEPT_PROB, DecodingParams
+from yue2_jobs.decode.params import AUTO, DEFAULT_MIN_ACCEPT_PROB, DecodingParams, Mode
 from yue2_jobs.decode.sampling import SamplingParams
 from yue2_jobs.decode.stats import SequenceStats, StatsRecorder
 from yue2_jobs.decode.steps import Steps
@@ -36,7 +36,7 @@ class Yue2GenerateOutput:
 
     sequences: torch.Tensor
     stats: list[SequenceStats] = field(default_factory=list)
-    mode: str = "ar"
+    mode: Mode = "ar"
 
 
 def prefill(model: Yue2ForConditionalGeneration, input_ids: torch.Tensor,

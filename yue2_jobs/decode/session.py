@@ -26,7 +26,6 @@ from yue2_jobs.decode.continuous import ContinuousBatcher
 from yue2_jobs.decode.generate import DEFAULT_NAR_ITERATIONS, Yue2GenerateOutput, generate
 from yue2_jobs.decode.graphs import StepGraphs
 from yue2_jobs.decode.params import DEFAULT_MIN_ACCEPT_PROB, DecodingParams
-from yue2_jobs.decode.stats import SequenceStats
 from yue2_jobs.decode.steps import Steps
 from yue2_jobs.model.checkpoint import load_verified
 from yue2_jobs.model.device import resolve_device, resolve_dtype
@@ -97,25 +96,23 @@ class DecodeSession:
                         sync_every=sync_every)
 
     @torch.inference_mode()
-    def summarize(self, texts: list[str], params: DecodingParams | None = None, *, batch_size: int = 32,
-                  stats_out: list[SequenceStats] | None = None) -> list[str]:
+    def summarize(self, texts: list[str], params: DecodingParams | None = None, *,
+                  batch_size: int = 32) -> list[str]:
         """Decoded texts in input order; inputs are length-sorted into batches to cut padding and
-        cut to `max_input_tokens`. `stats_out`, when given, receives each text's `SequenceStats`."""
+        cut to `max_input_tokens`. (`generate` gives each row's `SequenceStats`.)"""
         if self.tokenizer is None:
             raise ValueError("summarize needs a tokenizer: DecodeSession(model, tokenizer=...) or DecodeSession.load")
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out: dict[int, tuple[str, SequenceStats]] = {}
+        out: dict[int, str] = {}
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
             enc = self.tokenizer([texts[i] for i in idx], truncation=True, max_length=self.max_input_tokens,
                                  padding=True, return_tensors="pt")
             res = self.generate(enc["input_ids"], enc["attention_mask"], params)
             decoded = self.tokenizer.batch_decode(res.sequences, skip_special_tokens=True)
-            for i, text, st in zip(idx, decoded, res.stats, strict=True):
-                out[i] = (text.strip(), st)
-        if stats_out is not None:
-            stats_out.extend(out[i][1] for i in range(len(texts)))
-        return [out[i][0] for i in range(len(texts))]
+            for i, text in zip(idx, decoded, strict=True):
+                out[i] = text.strip()
+        return [out[i] for i in range(len(texts))]
 
     def engine(self, *, max_rows: int = 32, max_tokens: int | None = None,
                policy: Literal["continuous", "static"] = "continuous",
