@@ -23,10 +23,12 @@ demo: $(STAMP)
 ab-demo: $(STAMP)
 	$(PY) -m yue2_jobs ab demo --out benchmarks/results
 
-# The unit tests first, spread over the cores (one torch thread per process: tiny models are
-# bound by op dispatch, not FLOPs); then, one at a time, the tests that share the servers.
-test: test-fast
-	$(PY) -m pytest -q -m slow tests
+# Everything but the server tests first, spread over the cores (one torch thread per process:
+# small models are bound by op dispatch, not FLOPs); then, one at a time, the tests under
+# tests/pipeline, which share Postgres, Redis and their databases.
+test: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not servers" tests
+	$(PY) -m pytest -q -m servers tests
 
 # The unit tests: no servers, no subprocess workers (about a minute on 2 cores).
 test-fast: $(STAMP)

@@ -1,6 +1,8 @@
-"""The `slow` marker: tests that need the servers (Postgres, Redis, moto), start processes
-(workers, the demo, docker compose, a wheel build) or run long model work. `make test-fast`
-leaves them out; `make test` runs everything."""
+"""Two markers. `slow`: tests that need the servers (Postgres, Redis, moto), start processes
+(workers, the demo, docker compose, a wheel build) or run long model work; `make test-fast`
+leaves them out. `servers`: the tests under tests/pipeline, which share Postgres, Redis and
+their databases and so run one at a time; `make test` runs everything else spread over the
+cores first, then these."""
 
 from __future__ import annotations
 
@@ -11,9 +13,14 @@ import pytest
 SLOW_DIRS = ("pipeline", "benchmarks")  # every test there talks to a server or starts processes
 
 
+SERVER_DIRS = ("pipeline",)  # every test there uses the shared Postgres and Redis
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
     for item in items:
         rel = Path(str(item.path)).relative_to(tests)
         if rel.parts[0] in SLOW_DIRS:
             item.add_marker(pytest.mark.slow)
+        if rel.parts[0] in SERVER_DIRS:
+            item.add_marker(pytest.mark.servers)
