@@ -21,7 +21,7 @@ import torch
 
 from yue2_jobs.decode.engine import NEVER_TRUST, StepShape, engine_step
 from yue2_jobs.decode.graphs import StepGraphs
-from yue2_jobs.decode.layout import StepLayout
+from yue2_jobs.decode.layout import StepLayout, WeightFormat
 from yue2_jobs.decode.rows import Rows
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.device import resolve_device, resolve_dtype
@@ -46,7 +46,7 @@ def step_bytes(model: Yue2ForConditionalGeneration, *, drafting: bool) -> int:
 
 
 def time_steps(model: Yue2ForConditionalGeneration, *, batch: int, source: int, new_tokens: int, drafts: str,
-               graphs: bool, steps: int) -> float:
+               graphs: bool, steps: int, weights: WeightFormat = "float") -> float:
     """Seconds per engine step, median of 3 runs of `steps` steps."""
     cfg, dev = model.config, model.shared.weight.device
     k = cfg.nar_block_size
@@ -62,7 +62,7 @@ def time_steps(model: Yue2ForConditionalGeneration, *, batch: int, source: int, 
                    min_total=idx * 0 + total, draft_on=ones.bool(), accept_p=ones * 0.0, trust_p=ones * NEVER_TRUST)
         caches = model.new_caches(batch_size=batch, max_len=total + k + 1)
         fresh = {name: t.clone() for name, t in rows.tensors().items()}
-        layout = StepLayout(model)
+        layout = StepLayout(model, weights=weights)
         replay = StepGraphs.capture(model, shape=shape, layout=layout, buckets=(batch,)) if graphs else None
         runs = []
         for _ in range(3):

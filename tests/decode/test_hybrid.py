@@ -21,7 +21,7 @@ from yue2_jobs.training.data import read_split
 def _assert_same_as_ar(model, ids, mask, *, batch_size: int, max_new_tokens: int, **kw) -> list:
     stats = []
     for b_ids, b_mask in batches_of(ids, mask, batch_size):
-        ar = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new_tokens)
+        ar = generate(model, mode="ar", input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new_tokens)
         out = generate(model, input_ids=b_ids, attention_mask=b_mask, max_new_tokens=max_new_tokens,
                        return_dict_in_generate=True, **kw)
         assert torch.equal(out.sequences, ar), (b_ids, out.sequences, ar)
@@ -67,7 +67,7 @@ def test_hybrid_greedy_equals_ar_on_a_random_model(tiny_yue2, tiny_config, batch
 def test_rows_finishing_at_different_steps(varied_bart, bart_batch, batch_size):
     model = yue2_from_bart(varied_bart).eval()
     ids, mask = bart_batch
-    ar = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW)
+    ar = generate(model, mode="ar", input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW)
     lengths = (ar != model.config.pad_token_id).sum(1)
     assert len(set(lengths.tolist())) > 2  # early stops and the length limit in one batch
     for mode in ("hybrid", "prompt_lookup"):
@@ -95,7 +95,7 @@ class OracleDrafter:
 @pytest.mark.parametrize("corrupt", [0.0, 0.3])
 def test_verification_with_an_oracle_drafter(tiny_yue2, tiny_config, max_new_tokens, corrupt):
     ids, mask = random_inputs(24, tiny_config.vocab_size, seed=7)
-    ar = generate(tiny_yue2, input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
+    ar = generate(tiny_yue2, mode="ar", input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens)
     for size in (1, 5, 24):
         for start in range(0, 24, size):
             sl = slice(start, start + size)
@@ -118,7 +118,7 @@ def test_verification_with_an_oracle_drafter(tiny_yue2, tiny_config, max_new_tok
 def test_a_draft_with_eos_inside_is_cut_at_the_eos(varied_bart, bart_batch):
     model = yue2_from_bart(varied_bart).eval()
     ids, mask = bart_batch
-    ar = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW)
+    ar = generate(model, mode="ar", input_ids=ids, attention_mask=mask, max_new_tokens=MAX_NEW)
     drafter = OracleDrafter(ar, k=model.config.nar_block_size, vocab=model.config.vocab_size, corrupt=0.0, seed=0,
                             eos=model.config.eos_token_id)
     stats = StatsRecorder(ids.shape[0], max_nar_per_step=model.config.nar_block_size, device=ids.device)
@@ -133,7 +133,7 @@ def test_empty_inputs_and_max_new_tokens_1(shipped_base):
     model, tok = shipped_base
     enc = tok(["", "Return the sum of two arrays.", ""], padding=True, return_tensors="pt")
     for n in (1, 2, 48):
-        ar = generate(model, **enc, max_new_tokens=n)
+        ar = generate(model, mode="ar", **enc, max_new_tokens=n)
         for mode in ("hybrid", "prompt_lookup", "hybrid_fast"):
             out = generate(model, **enc, mode=mode, max_new_tokens=n, nar_threshold=1.0)
             assert torch.equal(out, ar)
@@ -189,7 +189,7 @@ def test_nar_with_enough_iterations_is_ar_greedy(request, model_name, shipped_ba
         model = request.getfixturevalue("tiny_yue2")
         ids, mask = random_inputs(24, model.config.vocab_size, seed=3)
     n = 16
-    ar = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n)
+    ar = generate(model, mode="ar", input_ids=ids, attention_mask=mask, max_new_tokens=n)
     assert torch.equal(generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n, mode="nar",
                                 nar_iterations=n), ar)
     few = generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=n, mode="nar", nar_iterations=2)

@@ -78,8 +78,9 @@ class Settings(BaseSettings):
     worker_ready_file: Path | None = Field(None, description="A worker touches this file once it consumes tasks.")
     torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads in a worker.")
     device: str = Field("auto", description="A worker's torch device: `auto` (CUDA when visible), `cpu`, `cuda`.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="A worker's weight dtype: `auto` is bfloat16 on CUDA and float32 on the CPU.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "int8"] = Field(
+        "auto", description="A worker's weight dtype: `auto` is bfloat16 on CUDA and float32 on the CPU; `int8` "
+                            "(CPU only) decodes with int8 decoder matrices (about 3x faster, ROUGE-L within 0.5).")
     cuda_graphs: bool = Field(True, description="Capture the decode step in CUDA graphs at worker start (CUDA).")
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="`continuous`: greedy ar/hybrid jobs share decoder steps and refill finished "

@@ -228,14 +228,17 @@ def _next_drafts(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encod
     """The NAR branch drafts K tokens after each row's bonus; with `shape.trust`, rows commit the
     confident leading run at once. Writes drafts and n_drafts (and trusted tokens) into `rows`;
     returns the new committed and finished (A,) and the trusted counts (A,) or None."""
-    d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V), (A, K)
+    d_logits, conf = model.draft_step(h_src, bonus, enc, layout=layout)  # (A, K, V_d), (A, K)
     conf = conf.sigmoid()
     q = None
     if shape.params.do_sample:
-        q = processed_probs(d_logits, shape.params)  # (A, K, V)
+        q = processed_probs(d_logits, shape.params)  # (A, K, V_d)
         drafts = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(conf.shape)
+        if layout.draft_ids is not None:  # the acceptance rule compares q with p over the whole vocabulary
+            drafts = layout.draft_ids[drafts]
+            q = q.new_zeros(*q.shape[:2], model.config.vocab_size).index_copy_(2, layout.draft_ids, q)
     else:
-        drafts = d_logits.argmax(-1)  # (A, K)
+        drafts = layout.draft_tokens(d_logits)  # (A, K)
     room = rows.total - committed
     n_trust = None
     if shape.trust:

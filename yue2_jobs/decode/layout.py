@@ -1,55 +1,176 @@
 """The decode step's weight layout: the AR and NAR branches' matrices as a decode step reads them.
 
 A `DecodeSession` owns one (through `Steps`) and rebuilds it when the weights change; the model's
-inference step methods take it as their `Yue2StepWeights`.
+inference step methods take it as their `Yue2StepWeights`. A decode step multiplies a few rows
+(M = rows x slots) by every matrix once, so on a CPU it is bound by reading the weights, and how
+they are laid out and which kernel reads them is the step's largest lever. Measured on the 2-core
+CPU (`benchmarks/peers.py`; README, "Decoding speed"):
+
+- fp32, M = 1: MKL's matrix-vector product reads an (in, out) row-major matrix up to 1.8x faster
+  than nn.Linear's (out, in) one for the vocabulary projection (5.2 vs 9.1 ms at BART-base size),
+  and no slower for the layers' matrices.
+- fp32, M >= 2: `W @ x.T` on the (out, in) matrix is 2-4x faster than `x @ W.T` (the vocabulary at
+  M = 5: 4.9 vs 12.4 ms; an FFN matrix 0.27 vs 0.43 ms): MKL's small-M GEMM re-reads the matrix,
+  its skinny-N one does not. This is what keeps a `hybrid` verify pass (1 + K slots) near the
+  cost of one `ar` token.
+- int8 (`Int8Matrix`): weights quantized per output channel, activations per row, multiplied by
+  `torch._int_mm` with int32 accumulation: 3-15x faster than fp32. Integer sums are exact, so a
+  row's result does not depend on the other rows in the product: `hybrid` stays identical to `ar`
+  and a row's output does not depend on its batch (fbgemm's dynamic int8 linear, faster still at
+  M = 1, quantizes activations per tensor and loses both; torchao's int8 configs measured 4-8x
+  slower than fp32 on this CPU).
+
+On other devices every fp32/bf16 matrix is a view and every product is `x @ W.T` (cuBLAS has no
+such cliffs, and CUDA graphs want one kernel per shape).
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from yue2_jobs.model.modeling_yue2 import Yue2DecoderLayer, Yue2ForConditionalGeneration, Yue2NarLayer
 
+WeightFormat = Literal["float", "int8"]
+WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("float", "int8")
+
+
+class DenseMatrix:
+    """One float matrix with its bias: `x (M, in) -> (M, out)`, the kernel chosen by M on the CPU.
+
+    `weight` (out, in) is the module's own tensor (a view, no copy); `io`, an (in, out) copy, is
+    kept only where the M = 1 product gains from it (the vocabulary projections)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool) -> None:
+        self.weight, self.bias = weight, bias  # (out, in), (out,)
+        self.cpu = weight.device.type == "cpu"
+        self.io = weight.t().contiguous() if io_copy and self.cpu else None  # (in, out)
+        self.bias_col = bias[:, None]  # (out, 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.cpu:
+            return torch.addmm(self.bias, x, self.weight.t())
+        if x.shape[0] == 1:
+            return torch.addmm(self.bias, x, self.io if self.io is not None else self.weight.t())
+        return torch.addmm(self.bias_col, self.weight, x.t()).t()  # (M, out), a transposed view
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+class Int8Matrix:
+    """One matrix in int8 (symmetric, per output channel): `x (M, in) fp32 -> (M, out) fp32`.
+
+    x is quantized per row (symmetric, scale max|x_row| / 127) to integers x_i, and
+    y = (x_i @ W_q.T) * s_col * s_row + bias with exact int32 sums. On x86 the product is fbgemm's
+    static-input int8 linear (input scale 1, zero point 128, so x_i enters it unrounded; one
+    kernel from M = 1 to the verify pass's 1 + K slots, 0.6 -> 0.8 ms for the BART-base vocabulary);
+    elsewhere `torch._int_mm`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        w = weight.detach().float()
+        self.scale = w.abs().amax(1).clamp(min=1e-12) / 127.0  # (out,)
+        q = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # (out, in)
+        self.bias = bias.detach().float().clone()  # (out,)
+        self.packed = _fbgemm_pack(q, self.scale)
+        self.q = q if self.packed is None else None
+        self.out_features, self.in_features = q.shape
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.abs().amax(-1, keepdim=True).div_(127.0).clamp_(min=1e-30)  # (M, 1)
+        xi = torch.div(x, s).round_()  # integers in [-127, 127]
+        if self.packed is not None:
+            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(xi, 1.0, 128, self.packed)
+            return torch.addcmul(self.bias, y, s)  # y already carries s_col
+        assert self.q is not None
+        y = torch._int_mm(xi.to(torch.int8), self.q.t()).to(x.dtype)  # (M, out), exact
+        return torch.addcmul(self.bias, y.mul_(s), self.scale)
+
+    @property
+    def nbytes(self) -> int:
+        return self.out_features * (self.in_features + 4)  # int8 weights and fp32 scales
+
+
+def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor) -> Any | None:
+    """fbgemm's packed int8 weight (x86 only), or None where the quantized engine lacks it."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return None
+    with warnings.catch_warnings():  # quantized tensors are deprecated as a user type; the kernel is not
+        warnings.simplefilter("ignore")
+        wq = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
+        return torch.ops.quantized.linear_prepack(wq, None)
+
+
+Matrix = DenseMatrix | Int8Matrix
+
 
 class StepLayout:
     """The AR and NAR branches' matrices laid out for decode steps (few tokens per row).
 
-    `linear(x, module)` equals `module(x)`. On the CPU, MKL's fp32 matrix-vector product reads
-    an (in, out) row-major matrix faster than nn.Linear's (out, in) one (README, "Measured") when
-    out >= in (QKV, cross-attention and output projections, FFN input, the tied vocabulary
-    projection) and slower when out < in (FFN output), so the former get a transposed copy
-    and the latter a view. A batch-1 decode step is bound by reading weights, which makes
-    this its largest lever; the copies cost the AR branch's size again in memory. On other
-    devices every matrix is a view.
+    `linear(x, module)` equals `module(x)` (to rounding; exactly so in `float` on the CPU for
+    M = 1), `lm_logits` the tied vocabulary projection, `draft_logits` the NAR branch's projection
+    onto the draft vocabulary (`draft_ids`; all of the vocabulary when the model has none).
+    `weights="int8"` (CPU only) quantizes every one of them; the encoder, embeddings, norms and
+    attention stay in the model's dtype.
     """
 
-    def __init__(self, model: Yue2ForConditionalGeneration) -> None:
-        self.key = weights_key(model)
-        copy = model.shared.weight.device.type == "cpu"
+    def __init__(self, model: Yue2ForConditionalGeneration, *, weights: WeightFormat = "float") -> None:
+        if weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
+        vocab = model.shared.weight.detach()
+        if weights == "int8" and vocab.device.type != "cpu":
+            raise ValueError("int8 weights run on the CPU (torch._int_mm); on CUDA use bfloat16")
+        self.key, self.weights = weights_key(model), weights
 
-        def layout(weight: torch.Tensor) -> torch.Tensor:  # (out, in) -> (in, out)
-            out_features, in_features = weight.shape
-            return weight.t().contiguous() if copy and out_features >= in_features else weight.t()
+        def matrix(weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool = False) -> Matrix:
+            if weights == "int8":
+                return Int8Matrix(weight, bias)
+            return DenseMatrix(weight.detach(), bias.detach(), io_copy=io_copy)
 
-        self.matrices: dict[nn.Linear, torch.Tensor] = {}
+        self.matrices: dict[nn.Linear, Matrix] = {}
+        self.nar_matrices: list[Matrix] = []
         layers: list[Yue2DecoderLayer | Yue2NarLayer] = [*model.ar_layers(), *model.nar_blocks()]
         for layer in layers:
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
                         layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
-                self.matrices[lin] = layout(lin.weight.detach())
-        self.vocab_matrix = layout(model.shared.weight.detach())  # (C, V)
-        self.vocab_bias = model.final_logits_bias[0]  # (V,)
+                self.matrices[lin] = matrix(lin.weight, lin.bias)
+                if isinstance(layer, Yue2NarLayer):
+                    self.nar_matrices.append(self.matrices[lin])
+        bias = model.final_logits_bias[0].detach()
+        self.vocab = matrix(vocab, bias, io_copy=True)  # (V, C)
+        self.draft_ids = model.draft_vocab  # (V_d,) or None
+        ids = self.draft_ids
+        self.draft = self.vocab if ids is None else matrix(vocab[ids], bias[ids], io_copy=True)  # (V_d, C)
 
     def is_current(self, model: Yue2ForConditionalGeneration) -> bool:
         """Whether `model`'s weights are still the ones laid out here."""
         return self.key is not None and self.key == weights_key(model)
 
     def linear(self, x: torch.Tensor, module: nn.Linear) -> torch.Tensor:
-        return torch.addmm(module.bias, x, self.matrices[module])  # (B, in) -> (B, out)
+        return self.matrices[module](x)  # (M, in) -> (M, out)
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.addmm(self.vocab_bias, hidden, self.vocab_matrix)  # (B, C) -> (B, V)
+        return self.vocab(hidden)  # (M, C) -> (M, V)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.draft(hidden)  # (M, C) -> (M, V_d)
+
+    def draft_tokens(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Token ids (...) of the greedy choices in draft logits (..., V_d)."""
+        best = draft_logits.argmax(-1)
+        return best if self.draft_ids is None else self.draft_ids[best]
+
+    def nbytes(self, *, drafting: bool) -> int:
+        """Weight bytes one step reads through this layout (batch 1): the AR branch and the
+        vocabulary, plus the NAR branch and the draft projection when drafting."""
+        total = sum(m.nbytes for m in self.matrices.values()) + self.vocab.nbytes
+        if not drafting:
+            return total - sum(m.nbytes for m in self.nar_matrices)
+        return total + self.draft.nbytes
 
 
 def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...] | None:
@@ -59,7 +180,7 @@ def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], .
     their layout cannot be known to be current, so it is rebuilt on every use.
     """
     weights = (*model.decoder_layers.parameters(), *model.nar_layers.parameters(), model.shared.weight,
-               model.final_logits_bias)
+               model.final_logits_bias, *([] if model.draft_vocab is None else [model.draft_vocab]))
     if any(w.is_inference() for w in weights):
         return None
     return tuple((w.data_ptr(), w._version) for w in weights)

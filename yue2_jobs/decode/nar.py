@@ -57,8 +57,8 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
         logp = logits.float().log_softmax(-1)  # (B, W, V)
         ar_score, ar_pred = logp.max(-1)  # (B, W): candidates for positions 1 .. W
         ar_pred = _force(ar_pred, torch.arange(1, width + 1, device=dev), total, gen)
-        d_logits, conf = model.draft(hidden, ar_pred, enc)  # (B, W, K, V), (B, W, K)
-        d_pred, conf = d_logits.argmax(-1), conf.sigmoid()  # (B, W, K): slot j at t drafts t + 2 + j
+        d_logits, conf = model.draft(hidden, ar_pred, enc)  # (B, W, K, V_d), (B, W, K)
+        d_pred, conf = model.draft_tokens(d_logits), conf.sigmoid()  # (B, W, K): slot j at t drafts t + 2 + j
         # Gather every position's candidates: AR from p - 1, NAR from p - 2 - j.
         best = ar_pred.new_full((b, total), pad)
         best_score = torch.full((b, total), float("-inf"), device=dev)

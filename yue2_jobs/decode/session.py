@@ -25,6 +25,7 @@ from yue2_jobs.decode.auto_mode import ModeChooser
 from yue2_jobs.decode.continuous import ContinuousBatcher
 from yue2_jobs.decode.generate import DEFAULT_NAR_ITERATIONS, Yue2GenerateOutput, generate
 from yue2_jobs.decode.graphs import StepGraphs
+from yue2_jobs.decode.layout import WeightFormat
 from yue2_jobs.decode.params import DEFAULT_MIN_ACCEPT_PROB, DecodingParams
 from yue2_jobs.decode.steps import Steps
 from yue2_jobs.model.checkpoint import load_verified
@@ -37,7 +38,9 @@ class DecodeSession:
 
     `device` and `dtype` None keep the model where it is; names (`"auto"`, `"cpu"`, `"cuda"`,
     `"bfloat16"`, ...) are resolved as the worker's settings are (`model.device`), and the model
-    is moved there and put in eval mode (a session decodes; it never trains). Moving the model
+    is moved there and put in eval mode (a session decodes; it never trains). `dtype="int8"`
+    (CPU only) keeps the model in float32 and decodes with int8 copies of the decoder's matrices
+    (`yue2_jobs.decode.layout.Int8Matrix`); the encoder runs in float32. Moving the model
     elsewhere afterwards makes the session refuse to decode rather than decode on the wrong
     device or dtype: make a new session then. `tokenizer` is needed only by `summarize`.
     `weights_sha256`: the checkpoint's, when loaded from one.
@@ -49,13 +52,18 @@ class DecodeSession:
         here = model.shared.weight
         self.device = here.device if device is None else (
             resolve_device(device) if isinstance(device, str) else device)
+        self.weights: WeightFormat = "float"
+        if dtype == "int8":
+            if self.device.type != "cpu":
+                raise ValueError(f"dtype 'int8' runs on the CPU only, not on {self.device}; use bfloat16 there")
+            self.weights, dtype = "int8", torch.float32
         self.dtype = here.dtype if dtype is None else (
             resolve_dtype(dtype, self.device) if isinstance(dtype, str) else dtype)
         if (here.device, here.dtype) != (self.device, self.dtype):
             # transformers types its `wraps`-decorated `to` as the unbound function
             model.to(self.device, dtype=self.dtype)  # type: ignore[arg-type]
         self.model, self.tokenizer, self.weights_sha256 = model.eval(), tokenizer, weights_sha256
-        self.steps = Steps(model)
+        self.steps = Steps(model, weights=self.weights)
         self.chooser = ModeChooser()
 
     @classmethod
@@ -71,6 +79,11 @@ class DecodeSession:
         if (here.device, here.dtype) != (self.device, self.dtype):
             raise RuntimeError(f"the model was moved to {here.device}/{here.dtype} after this session put it on "
                                f"{self.device}/{self.dtype}; make a new DecodeSession for it")
+
+    @property
+    def precision(self) -> str:
+        """What the decoder's matrices are stored in: `int8`, or the dtype's name (`float32`, ...)."""
+        return "int8" if self.weights == "int8" else str(self.dtype).removeprefix("torch.")
 
     @property
     def max_input_tokens(self) -> int:

@@ -11,7 +11,7 @@ import torch
 
 from yue2_jobs.decode.engine import StepShape, engine_step
 from yue2_jobs.decode.graphs import DEFAULT_BUCKETS, StepGraphs
-from yue2_jobs.decode.layout import StepLayout
+from yue2_jobs.decode.layout import StepLayout, WeightFormat
 from yue2_jobs.decode.rows import Rows
 from yue2_jobs.decode.sampling import SamplingParams
 from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache
@@ -20,15 +20,15 @@ from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGe
 class Steps:
     """The engine step of one model: layout (rebuilt only after the weights change) and graphs."""
 
-    def __init__(self, model: Yue2ForConditionalGeneration) -> None:
-        self.model = model
+    def __init__(self, model: Yue2ForConditionalGeneration, *, weights: WeightFormat = "float") -> None:
+        self.model, self.weights = model, weights
         self._layout: StepLayout | None = None
         self.graphs: dict[StepShape, StepGraphs] = {}
 
     def layout(self) -> StepLayout:
         """The decode-step weight layout of the model's current weights."""
         if self._layout is None or not self._layout.is_current(self.model):
-            self._layout = StepLayout(self.model)
+            self._layout = StepLayout(self.model, weights=self.weights)
         return self._layout
 
     def capture(self, *, max_rows: int, use_graphs: bool | None = None,

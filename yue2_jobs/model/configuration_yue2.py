@@ -53,6 +53,12 @@ class Yue2Config(PretrainedConfig):
         nar_threshold (`float`): Minimum confidence-head probability for a draft token to
             count as accepted in the confidence-driven modes.
         confidence_hidden_dim (`int`): Hidden width of the confidence head MLP.
+        draft_vocab_size (`int`): Size of the draft vocabulary, the shortlist of token ids the NAR
+            branch may propose (the model's `draft_vocab` buffer, built by training from the
+            ids that cover most of the checkpoint's own outputs). The drafts are projected onto
+            these ids only, a fraction of the vocabulary's cost; verification still scores the
+            whole vocabulary, so a token outside the shortlist is simply never drafted. 0: the
+            whole vocabulary.
         max_position_embeddings (`int`): Longest encoder input and longest decoder
             sequence (start token included) the learned positions cover.
         activation_function (`str`): Feed-forward non-linearity (a key of
@@ -91,6 +97,7 @@ class Yue2Config(PretrainedConfig):
         nar_block_size: int = 4,
         nar_threshold: float = 0.6,
         confidence_hidden_dim: int = 64,
+        draft_vocab_size: int = 0,
         max_position_embeddings: int = 320,
         activation_function: str = "gelu",
         dropout: float = 0.1,
@@ -114,6 +121,8 @@ class Yue2Config(PretrainedConfig):
             )
         if nar_block_size < 1:
             raise ValueError(f"nar_block_size must be >= 1, got {nar_block_size}")
+        if not 0 <= draft_vocab_size <= vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [0, vocab_size={vocab_size}], got {draft_vocab_size}")
         if not 0.0 <= nar_threshold <= 1.0:
             raise ValueError(f"nar_threshold must be in [0, 1], got {nar_threshold}")
         self.vocab_size = vocab_size
@@ -128,6 +137,7 @@ class Yue2Config(PretrainedConfig):
         self.nar_block_size = nar_block_size
         self.nar_threshold = nar_threshold
         self.confidence_hidden_dim = confidence_hidden_dim
+        self.draft_vocab_size = draft_vocab_size
         self.max_position_embeddings = max_position_embeddings
         self.activation_function = activation_function
         self.dropout = dropout

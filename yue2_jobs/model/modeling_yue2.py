@@ -84,13 +84,16 @@ class Yue2KVCache:
 
 class Yue2StepWeights(Protocol):
     """The matrices the inference step methods (`block_step`, `step`, `decode_block`,
-    `draft_step`) multiply by. `linear(x, module)` must equal `module(x)` and `lm_logits(h)` the
-    tied output projection; how the weights are laid out for that is the decoder's business
-    (`yue2_jobs.decode.layout.StepLayout`), so the model stores no serving state."""
+    `draft_step`) multiply by. `linear(x, module)` must equal `module(x)`, `lm_logits(h)` the
+    tied output projection and `draft_logits(h)` the model's `draft_logits(h)`; how the weights
+    are laid out for that is the decoder's business (`yue2_jobs.decode.layout.StepLayout`), so the
+    model stores no serving state."""
 
     def linear(self, x: torch.Tensor, module: nn.Linear) -> torch.Tensor: ...
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 def _drop(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -301,7 +304,7 @@ class Yue2ConfidenceHead(nn.Module):
         self.fc2 = nn.Linear(config.confidence_hidden_dim, 1)
 
     def forward(self, nar_hidden: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
-        logp = draft_logits.float().log_softmax(-1)  # (..., V)
+        logp = draft_logits.float().log_softmax(-1)  # (..., V_d): over the draft vocabulary
         top_logp = logp.max(-1, keepdim=True).values  # (..., 1)
         entropy = -(logp.exp() * logp).sum(-1, keepdim=True)  # (..., 1)
         feats = torch.cat([nar_hidden, top_logp.to(nar_hidden.dtype), entropy.to(nar_hidden.dtype)], dim=-1)
@@ -321,6 +324,8 @@ class Yue2PreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         if isinstance(module, Yue2ForConditionalGeneration):
             init.zeros_(module.final_logits_bias)
+            if module.draft_vocab is not None:
+                init.copy_(module.draft_vocab, torch.arange(module.draft_vocab.shape[0]))
             # Sinusoids (scaled to the token embeddings' size) instead of noise: nearby positions
             # start out similar, so cross-attention learns to align and copy much sooner.
             for table in (module.encoder_embed_positions, module.decoder_embed_positions):
@@ -365,6 +370,9 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         self.nar_layers = nn.ModuleList(Yue2NarLayer(config) for _ in range(config.nar_layers))
         self.confidence_head = Yue2ConfidenceHead(config)
         self.final_logits_bias = nn.Buffer(torch.zeros(1, config.vocab_size))
+        # (V_d,) sorted token ids; None (a buffer slot the state dict skips): the whole vocabulary
+        self.draft_vocab: torch.Tensor | None
+        self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size) if config.draft_vocab_size else None)
         self.generation_config = default_generation_config(config)
         self.post_init()
 
@@ -393,6 +401,27 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Tied output projection: (..., C) -> (..., V)."""
         return F.linear(hidden, self.shared.weight, self.final_logits_bias[0])
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The NAR branch's output projection: (..., C) -> (..., V_d), onto the draft vocabulary
+        (`draft_vocab`; column i scores token `draft_vocab[i]`), or (..., V) without one."""
+        if self.draft_vocab is None:
+            return self.lm_logits(hidden)
+        ids = self.draft_vocab
+        return F.linear(hidden, self.shared.weight[ids], self.final_logits_bias[0, ids])
+
+    def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
+        """Restrict what the NAR branch drafts to these token ids (None: the whole vocabulary).
+        The config's `draft_vocab_size` follows, so the checkpoint saved next loads with them."""
+        if ids is None:
+            self.draft_vocab = None
+            self.config.draft_vocab_size = 0
+            return
+        unique = torch.as_tensor(ids, dtype=torch.long).unique(sorted=True)
+        if unique.numel() == 0 or int(unique[0]) < 0 or int(unique[-1]) >= self.config.vocab_size:
+            raise ValueError(f"a draft vocabulary needs 1 or more ids in [0, {self.config.vocab_size})")
+        self.draft_vocab = unique.to(self.shared.weight.device)
+        self.config.draft_vocab_size = int(unique.numel())
 
     def _check_length(self, length: int, what: str) -> None:
         if length > self.config.max_position_embeddings:
@@ -501,15 +530,21 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
 
     def draft(self, ar_hidden: torch.Tensor, next_tokens: torch.Tensor,
               enc: Yue2EncoderState) -> tuple[torch.Tensor, torch.Tensor]:
-        """Draft logits (B, T, K, V) for tokens t+2 .. t+K+1 and confidence logits (B, T, K)."""
+        """Draft logits (B, T, K, V_d) over the draft vocabulary for tokens t+2 .. t+K+1, and
+        confidence logits (B, T, K)."""
         x = self.draft_hidden(ar_hidden, next_tokens, enc)  # (B, T, K, C)
-        logits = self.lm_logits(x)  # (B, T, K, V)
+        logits = self.draft_logits(x)  # (B, T, K, V_d)
         return logits, self.confidence_head(x, logits)
+
+    def draft_tokens(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """The token ids (...) the draft logits (..., V_d) choose greedily."""
+        best = draft_logits.argmax(-1)
+        return best if self.draft_vocab is None else self.draft_vocab[best]
 
     def draft_step(self, hidden: torch.Tensor, next_tokens: torch.Tensor, enc: Yue2EncoderState, *,
                    layout: Yue2StepWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """`draft` for one position per row at inference: hidden (B, C), next_tokens (B,) ->
-        draft logits (B, K, V) and confidence logits (B, K), through the decode-step layout."""
+        draft logits (B, K, V_d) and confidence logits (B, K), through the decode-step layout."""
         b, c = hidden.shape
         k, ln = self.config.nar_block_size, self.nar_layernorm_embedding
         x = hidden + F.embedding(next_tokens, self.shared.weight) * self.embed_scale  # (B, C)
@@ -517,7 +552,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         x = F.layer_norm(x, (c,), ln.weight, ln.bias, ln.eps).reshape(b * k, c)  # (B*K, C)
         for i, layer in enumerate(self.nar_blocks()):
             x = layer.step(x, layout=layout, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
-        logits = layout.lm_logits(x).view(b, k, -1)  # (B, K, V)
+        logits = layout.draft_logits(x).reshape(b, k, -1)  # (B, K, V_d)
         return logits, self.confidence_head(x.view(b, k, c), logits)
 
     # ---- the Hugging Face entry point ---------------------------------------------------------

@@ -3,6 +3,8 @@ the model reads its input, and how well the confidence head is calibrated."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -10,34 +12,48 @@ from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration, shift_to
 from yue2_jobs.training.batches import collate
 
 
-def nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """For every valid draft slot: draft logits, confidence logits, AR-argmax target, AR log-probs.
+class NarBatch(NamedTuple):
+    """Every valid draft slot of a batch (N of them), as the NAR stages train on them."""
 
-    Only slots whose target lies inside the AR sequence are projected to the vocabulary,
-    which is most of the cost of this stage.
+    draft_logits: torch.Tensor  # (N, V_d) over the draft vocabulary
+    conf_logits: torch.Tensor  # (N,) the confidence head's logits of p(accept)
+    target: torch.Tensor  # (N,) the token the AR branch chose there (what verification compares with)
+    target_logp: torch.Tensor  # (N, V_d) the AR branch's log-probabilities there, on the draft vocabulary
+    drafts: torch.Tensor  # (N,) the token ids the draft logits choose
+
+
+def nar_batch(model: Yue2ForConditionalGeneration, batch: dict[str, torch.Tensor]) -> NarBatch:
+    """Draft every valid slot of `batch`, whose labels are the AR branch's own greedy outputs.
+
+    The targets are those outputs, not the AR argmax at each position: with repetition controls
+    on (base's penalty and n-gram ban) the two differ, and verification accepts a draft only if it
+    equals the controlled choice. The NAR branch reads, as at inference, the AR hidden state at t
+    and the token chosen there. Only the valid slots are projected (most of this stage's cost).
     """
     cfg, k = model.config, model.config.nar_block_size
     labels = batch["labels"]  # (B, T): AR greedy sequence, -100 after its EOS
     t = labels.shape[1]
+    chosen = labels.clamp(min=0)  # (B, T); the -100 positions are never valid
     with torch.no_grad():
         enc = model.encode(batch["input_ids"], batch["attention_mask"])
         dec_in = shift_tokens_right(labels, pad_token_id=cfg.pad_token_id,
                                     decoder_start_token_id=cfg.decoder_start_token_id)
-        hidden = model.decode(dec_in, enc)  # (B, T, C)
-        ar_logp = model.lm_logits(hidden).float().log_softmax(-1)  # (B, T, V)
-        next_tok = ar_logp.argmax(-1)  # (B, T): AR choice at each position
+        hidden = model.decode(dec_in, enc)  # (B, T, C): hidden[t] chose labels[t]
         # Slot j at position t drafts label index t + 1 + j.
         idx = torch.arange(t, device=labels.device)[:, None] + 1 + torch.arange(k, device=labels.device)  # (T, K)
         idx_c = idx.clamp(max=t - 1)
         valid = (idx < t)[None] & (labels[:, idx_c] != -100) & (labels != -100)[:, :, None]  # (B, T, K)
-        # Gather only the valid rows: ar_logp[:, idx_c] would build a (B, T, K, V) tensor.
+        # Gather only the valid rows: indexing hidden[:, idx_c] would build a (B, T, K, C) tensor.
         rows, positions, slots = valid.nonzero(as_tuple=True)  # the order of boolean indexing
-        target_logp = ar_logp[rows, idx_c[positions, slots]]  # (N, V)
+        at = idx_c[positions, slots]
+        target = labels[rows, at]  # (N,)
+        target_logp = model.draft_logits(hidden[rows, at]).float().log_softmax(-1)  # (N, V_d)
     # The NAR cross-attention projections train in stage 2, so they are recomputed with grad.
     enc.nar_cross_kv = [layer.encoder_attn.project_kv(enc.hidden) for layer in model.nar_blocks()]
-    slots = model.draft_hidden(hidden, next_tok, enc)[valid]  # (N, C)
-    draft_logits = model.lm_logits(slots)  # (N, V)
-    return draft_logits, model.confidence_head(slots, draft_logits), target_logp.argmax(-1), target_logp
+    states = model.draft_hidden(hidden, chosen, enc)[valid]  # (N, C)
+    draft_logits = model.draft_logits(states)  # (N, V_d)
+    return NarBatch(draft_logits, model.confidence_head(states, draft_logits), target, target_logp,
+                    model.draft_tokens(draft_logits.detach()))
 
 
 def stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str, torch.Tensor], *,
@@ -46,14 +62,23 @@ def stage_loss(model: Yue2ForConditionalGeneration, stage: str, batch: dict[str,
         logits = model(**batch).logits  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100,
                                label_smoothing=label_smoothing if stage == "ar" else 0.0)
-    draft_logits, conf_logits, target, target_logp = nar_batch(model, batch)
+    nb = nar_batch(model, batch)
     if stage == "nar":
-        logp = draft_logits.float().log_softmax(-1)  # (N, V)
-        # Cross-entropy to the AR distribution: KL's gradient without its entropy term's cost.
-        soft = -(target_logp.exp() * logp).sum(-1).mean()
-        return F.nll_loss(logp, target) + 0.5 * soft
-    accepted = (draft_logits.argmax(-1) == target).float()
-    return F.binary_cross_entropy_with_logits(conf_logits, accepted)
+        logp = nb.draft_logits.float().log_softmax(-1)  # (N, V_d)
+        # Cross-entropy to the AR distribution (KL's gradient without its entropy term's cost)
+        # beside the hard target; a target outside the draft vocabulary has only the former.
+        soft = -(nb.target_logp.exp() * logp).sum(-1).mean()
+        return F.nll_loss(logp, _draft_index(model, nb.target), ignore_index=-100) + 0.5 * soft
+    return F.binary_cross_entropy_with_logits(nb.conf_logits, (nb.drafts == nb.target).float())
+
+
+def _draft_index(model: Yue2ForConditionalGeneration, tokens: torch.Tensor) -> torch.Tensor:
+    """Each token's column in the draft logits, -100 for a token outside the draft vocabulary."""
+    if model.draft_vocab is None:
+        return tokens
+    column = torch.full((model.config.vocab_size,), -100, dtype=torch.long, device=tokens.device)
+    column[model.draft_vocab] = torch.arange(model.draft_vocab.numel(), device=tokens.device)
+    return column[tokens]
 
 
 @torch.no_grad()
@@ -85,9 +110,9 @@ def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[lis
     probs, hits = [], []
     for start in range(0, len(pairs), 64):
         batch = collate(pairs[start : start + 64], model.config.pad_token_id, device)
-        draft_logits, conf_logits, target, _ = nar_batch(model, batch)
-        probs.append(conf_logits.sigmoid().cpu())
-        hits.append((draft_logits.argmax(-1) == target).float().cpu())
+        nb = nar_batch(model, batch)
+        probs.append(nb.conf_logits.sigmoid().cpu())
+        hits.append((nb.drafts == nb.target).float().cpu())
     p, h = torch.cat(probs), torch.cat(hits)
     lines = ["  p(accept) bin   count   mean p   accepted", "  -------------   -----   ------   --------"]
     ece = 0.0
@@ -99,8 +124,8 @@ def reliability_table(model: Yue2ForConditionalGeneration, pairs: list[tuple[lis
             lines.append(f"  [{lo:.1f}, {hi:.1f})    {int(m.sum()):6d}   {p[m].mean():.3f}    {h[m].mean():.3f}")
     thr = model.config.nar_threshold
     above = p >= thr
-    lines.append(f"  draft tokens: {len(p)}, accepted by AR argmax: {h.mean():.3f}, ECE: {ece:.3f}")
+    lines.append(f"  draft tokens: {len(p)}, equal to the AR choice: {h.mean():.3f}, ECE: {ece:.3f}")
     if above.any():
         lines.append(f"  at nar_threshold {thr}: {above.float().mean():.3f} of drafts pass, "
-                     f"{h[above].mean():.3f} of those match the AR argmax")
+                     f"{h[above].mean():.3f} of those equal the AR choice")
     return "\n".join(lines)

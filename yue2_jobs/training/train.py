@@ -8,8 +8,9 @@
    encoder off (the loss with every input swapped for another's equalled the true one);
    the reconstruction examples keep cross-attention alive while it learns to summarise.
 2. NAR: encoder and AR branch frozen; the AR branch greedily decodes every training input
-   and the NAR branch learns to draft those sequences (self-distillation: hard AR-argmax
-   targets plus KL to the AR distribution at the drafted position).
+   and the NAR branch learns to draft those sequences (self-distillation: the AR branch's own
+   choices as hard targets plus KL to its distribution at the drafted position). First the
+   draft vocabulary is built from those outputs (`draft_vocab.shortlist`, `--draft-coverage`).
 3. Confidence: only the confidence head trains, on "draft token == AR argmax"; a
    reliability table on held-out inputs shows its calibration.
 
@@ -42,6 +43,7 @@ from yue2_jobs.model.device import resolve_device
 from yue2_jobs.model.tokenizer import clean_copy, train_tokenizer
 from yue2_jobs.training.batches import batch_for_step, collate, denoising_pairs, encode_pairs, mixed_batch
 from yue2_jobs.training.data import read_split
+from yue2_jobs.training.draft_vocab import DEFAULT_COVERAGE, coverage_of, shortlist
 from yue2_jobs.training.losses import input_dependence, reliability_table, stage_loss
 
 STAGES = ("denoise", "ar", "nar", "confidence")
@@ -67,6 +69,7 @@ class TrainArgs:
     max_target_tokens: int = 48
     label_smoothing: float = 0.0  # AR stage only; spreads mass off the argmax, which curbs loops
     distill_rows: int = 0  # training inputs the AR branch decodes as NAR targets; 0 = all
+    draft_coverage: float = DEFAULT_COVERAGE  # share of the AR outputs' tokens the draft vocabulary covers; 0 = all ids
     # The checkpoint's default repetition controls (generation_config.json); None keeps the
     # initial checkpoint's (off for a fresh model). The NAR targets are decoded with them.
     repetition_penalty: float | None = None
@@ -168,7 +171,9 @@ def _resume(state_dir: Path, args: TrainArgs, model: Yue2ForConditionalGeneratio
     meta = json.loads(meta_path.read_text())
     if meta["args"] != args.identity():
         raise SystemExit(f"{state_dir} holds a run with other arguments; delete it or pass the same ones")
-    model.load_state_dict(load_file(state_dir / "model.safetensors", device=str(device)))
+    state = load_file(state_dir / "model.safetensors", device=str(device))
+    model.set_draft_vocab(state.get("draft_vocab"))  # built by the NAR stage, if the run got that far
+    model.load_state_dict(state)
     print(f"resuming from {state_dir}: stage {meta['stage']}, step {meta['step']}")
     return AutoTokenizer.from_pretrained(state_dir / "tokenizer"), {"stage": meta["stage"], "step": meta["step"]}
 
@@ -208,6 +213,8 @@ def train(args: TrainArgs) -> Path | None:
             distilled = distilled or _self_distill_targets(model, _distill_subset(pairs, args), args, device,
                                                            f"{stage}: AR targets")
             data = distilled
+            if stage == "nar" and start == 0:
+                _build_draft_vocab(model, distilled, args)
         denoising = (denoising_pairs(pairs, model.config, seed=args.seed, max_target_tokens=args.max_target_tokens)
                      if share else data)
         lengths = [len(src) for src, _ in data]
@@ -251,6 +258,18 @@ def train(args: TrainArgs) -> Path | None:
     return out
 
 
+def _build_draft_vocab(model: Yue2ForConditionalGeneration, distilled: list[tuple[list[int], list[int]]],
+                      args: TrainArgs) -> None:
+    targets = [tgt for _, tgt in distilled]
+    if not args.draft_coverage:
+        model.set_draft_vocab(None)
+        return
+    ids = shortlist(targets, coverage=args.draft_coverage, always=[model.config.eos_token_id])
+    model.set_draft_vocab(ids)
+    print(f"draft vocabulary: {len(ids)} of {model.config.vocab_size} ids, covering "
+          f"{coverage_of(ids, targets):.3f} of the AR branch's output tokens")
+
+
 def _save_state(state_dir: Path, model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
                 opt: torch.optim.Optimizer | None, args: TrainArgs, stage: str, step: int) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -273,7 +292,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
     for name in ("preset", "vocab_size", "denoise_steps", "denoise_mix", "ar_steps", "nar_steps", "confidence_steps",
                  "batch_size", "lr", "warmup", "max_source_tokens", "max_target_tokens", "label_smoothing",
-                 "distill_rows", "seed", "device", "save_every", "threads", "stop_after"):
+                 "distill_rows", "draft_coverage", "seed", "device", "save_every", "threads", "stop_after"):
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     parser.add_argument("--repetition-penalty", type=float, default=None,

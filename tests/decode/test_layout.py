@@ -1,0 +1,126 @@
+"""The decode-step weight layout: float kernels chosen by row count, int8 matrices, the draft
+vocabulary; and that `hybrid` stays `ar` greedy with each of them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.tiny_models import batches_of, random_inputs
+from yue2_jobs.decode.layout import DenseMatrix, Int8Matrix, StepLayout
+from yue2_jobs.decode.session import DecodeSession
+from yue2_jobs.model import Yue2ForConditionalGeneration
+from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint
+from yue2_jobs.training.draft_vocab import shortlist
+
+
+def _copy(model: Yue2ForConditionalGeneration) -> Yue2ForConditionalGeneration:
+    """The fixture's weights in a model of its own (setting a draft vocabulary edits the config)."""
+    out = Yue2ForConditionalGeneration(copy.deepcopy(model.config)).eval()
+    out.load_state_dict(model.state_dict())
+    return out
+
+
+@pytest.fixture()
+def linear():
+    torch.manual_seed(3)
+    return torch.randn(96, 64) / 8, torch.randn(96)  # (out, in), (out,)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 17])
+@pytest.mark.parametrize("io_copy", [False, True])
+def test_dense_matrix_equals_linear_for_any_row_count(linear, rows, io_copy):
+    w, b = linear
+    x = torch.randn(rows, 64)
+    torch.testing.assert_close(DenseMatrix(w, b, io_copy=io_copy)(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["fbgemm", "int_mm"])
+def test_int8_rows_do_not_depend_on_each_other(linear, kernel):
+    """Integer sums are exact: a row's product is the same alone and among others, which is what
+    keeps `hybrid` (1 + K rows per sequence) equal to `ar` (one) in int8."""
+    w, b = linear
+    m = Int8Matrix(w, b)
+    if kernel == "int_mm":
+        if m.packed is None:
+            pytest.skip("fbgemm is not this machine's quantized engine")
+        m = Int8Matrix(w, b)
+        m.q, m.packed = torch.round(w / m.scale[:, None]).clamp(-127, 127).to(torch.int8), None
+    elif m.packed is None:
+        pytest.skip("fbgemm is not this machine's quantized engine")
+    x = torch.randn(9, 64) * torch.logspace(-2, 2, 9)[:, None]  # rows of very different sizes
+    together = m(x)
+    for i in range(9):
+        assert torch.equal(m(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(m(x[2:7]), together[2:7])
+    ref = F.linear(x, w, b)
+    err = (together - ref).abs().amax(1) / ref.abs().amax(1)
+    assert float(err.max()) < 0.05  # 8-bit weights and activations: about 1 % here
+    assert float(err.max()) > 0  # the check sees quantization at all
+
+
+def test_draft_vocabulary_projects_onto_its_ids(tiny_yue2, tiny_config):
+    model = _copy(tiny_yue2)
+    ids = torch.tensor([2, 5, 9, 40, 41, 299])
+    model.set_draft_vocab(ids.flip(0))  # sorted on the way in
+    assert model.config.draft_vocab_size == 6 and torch.equal(model.draft_vocab, ids)
+    h = torch.randn(4, tiny_config.d_model)
+    torch.testing.assert_close(model.draft_logits(h), model.lm_logits(h)[:, ids])
+    for weights in ("float", "int8"):
+        layout = StepLayout(model, weights=weights)
+        got = layout.draft_logits(h)
+        assert got.shape == (4, 6)
+        assert set(layout.draft_tokens(got).tolist()) <= set(ids.tolist())
+    with pytest.raises(ValueError, match="draft vocabulary"):
+        model.set_draft_vocab([0, 300])
+
+
+def test_a_checkpoint_keeps_its_draft_vocabulary(tiny_yue2, tiny_config, tmp_path):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    model = _copy(tiny_yue2)
+    model.set_draft_vocab(range(2, 120, 3))
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>")))
+    save_checkpoint(model, tok, tmp_path / "ckpt")
+    loaded, _ = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.config.draft_vocab_size == 40
+    assert torch.equal(loaded.draft_vocab, torch.arange(2, 120, 3))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+@pytest.mark.parametrize("draft_vocab", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_hybrid_equals_ar_in_each_weight_format(tiny_yue2, tiny_config, dtype, draft_vocab, batch_size):
+    model = _copy(tiny_yue2)
+    ids, mask = random_inputs(24, tiny_config.vocab_size, seed=7)
+    if draft_vocab:  # the ids that cover most of the model's own outputs, as training builds it
+        outputs = DecodeSession(model).generate(ids, mask, mode="ar", max_new_tokens=16).sequences[:, 1:]
+        model.set_draft_vocab(shortlist(outputs.tolist(), coverage=0.8, always=[tiny_config.eos_token_id]))
+        assert model.config.draft_vocab_size < tiny_config.vocab_size // 2
+    session = DecodeSession(model, dtype=dtype)
+    drafted = 0
+    for b_ids, b_mask in batches_of(ids, mask, batch_size):
+        ar = session.generate(b_ids, b_mask, mode="ar", max_new_tokens=16).sequences
+        out = session.generate(b_ids, b_mask, mode="hybrid", max_new_tokens=16, min_accept_prob=0.0)
+        assert torch.equal(out.sequences, ar)
+        drafted += sum(s.nar_tokens for s in out.stats)
+    assert drafted > 0  # drafts were accepted, so verification was exercised
+
+
+def test_int8_stays_close_to_float32(tiny_yue2, tiny_config):
+    ids, mask = random_inputs(16, tiny_config.vocab_size, seed=9)
+    outs = {}
+    for dtype in ("float32", "int8"):
+        model = _copy(tiny_yue2)
+        outs[dtype] = DecodeSession(model, dtype=dtype).generate(ids, mask, mode="ar", max_new_tokens=16).sequences
+    same = (outs["float32"] == outs["int8"]).float().mean()
+    assert same > 0.6, same  # a random model's logits are flat: the share is far higher on trained ones
+
+
+def test_int8_is_refused_off_the_cpu(tiny_yue2):
+    with pytest.raises(ValueError, match="CPU only"):
+        DecodeSession(tiny_yue2, device="meta", dtype="int8")
