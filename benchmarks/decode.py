@@ -242,6 +242,7 @@ def main() -> None:
                 "tau": tokens / steps if steps else None,
                 "accepted_histogram": summary["accepted_histogram"] if summary else None,
                 "nar_share": summary["nar_share"] if summary else None,
+                "acceptance": summary["acceptance"] if summary else None,
                 "rouge_l": 100 * rouge(preds, refs).rougeL,
                 "exact_match": sum(a == b for a, b in zip(gen, reference, strict=True)) / len(gen),
             }

@@ -162,7 +162,11 @@ def test_stats_count_every_generated_token(shipped_base, shipped_inputs):
             assert sum(n * c for n, c in enumerate(s.accepted_histogram)) == s.nar_tokens
             assert len(s.accepted_histogram) <= (2 * k if mode == "hybrid_fast" else k) + 1
             if mode == "ar":
-                assert s.decoder_steps == s.tokens and s.nar_tokens == 0
+                assert s.decoder_steps == s.tokens and s.nar_tokens == 0 == s.drafted_tokens
+            if mode in ("hybrid", "prompt_lookup"):  # every accepted draft was verified first
+                assert s.nar_tokens <= s.drafted_tokens <= k * s.decoder_steps
+        if mode == "hybrid":
+            assert sum(s.drafted_tokens for s in out.stats) > sum(s.nar_tokens for s in out.stats) > 0
 
 
 def test_hybrid_fast_trades_verification_for_steps(shipped_base, shipped_inputs):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.tiny_models import batches_of, random_inputs
-from yue2_jobs.decode.layout import DenseMatrix, Int8Matrix, StepLayout
+from yue2_jobs.decode.layout import ONEDNN_MIN_NUMEL, DenseMatrix, Int8Matrix, StepLayout
 from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.model import Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint
@@ -32,10 +32,19 @@ def linear():
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 17])
 @pytest.mark.parametrize("io_copy", [False, True])
-def test_dense_matrix_equals_linear_for_any_row_count(linear, rows, io_copy):
+@pytest.mark.parametrize("size", ["small", "onednn"])
+def test_dense_matrix_equals_linear_for_any_row_count(linear, rows, io_copy, size):
     w, b = linear
-    x = torch.randn(rows, 64)
-    torch.testing.assert_close(DenseMatrix(w, b, io_copy=io_copy)(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    if size == "onednn":  # large enough for the packed oneDNN kernel
+        w, b = torch.randn(1024, 512) / 20, torch.randn(1024)
+        assert w.numel() >= ONEDNN_MIN_NUMEL
+    m = DenseMatrix(w, b, io_copy=io_copy)
+    assert (m.packed is not None) == (size == "onednn" and torch.backends.mkldnn.is_available())
+    x = torch.randn(rows, w.shape[1])
+    torch.testing.assert_close(m(x), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+    if m.packed is not None:  # one row's product does not depend on the others
+        together = m(x)
+        assert all(torch.equal(m(x[i : i + 1]), together[i : i + 1]) for i in range(rows))
 
 
 @pytest.mark.parametrize("kernel", ["fbgemm", "int_mm"])

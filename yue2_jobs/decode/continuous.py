@@ -286,7 +286,8 @@ class ContinuousBatcher(Generic[K]):
                 c.nar_tokens += nar
                 c.drafted += drafted
                 results.append(DecodeResult(request=slot.request, tokens=toks[1:n_tok], mode=slot.mode,
-                                            stats=SequenceStats(decoder_steps=steps, nar_tokens=nar, ar_tokens=ar_)))
+                                            stats=SequenceStats(decoder_steps=steps, nar_tokens=nar, ar_tokens=ar_,
+                                                                drafted_tokens=drafted)))
         idle = len(ws.slots) - self.live
         refill = self.waiting and (self.policy == "continuous" or not self.live)
         if idle and (not self.live or (not refill and 4 * idle >= len(ws.slots))):

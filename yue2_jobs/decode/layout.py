@@ -6,13 +6,13 @@ inference step methods take it as their `Yue2StepWeights`. A decode step multipl
 they are laid out and which kernel reads them is the step's largest lever. Measured on the 2-core
 CPU (`benchmarks/peers.py`; README, "Decoding speed"):
 
-- fp32, M = 1: MKL's matrix-vector product reads an (in, out) row-major matrix up to 1.8x faster
-  than nn.Linear's (out, in) one for the vocabulary projection (5.2 vs 9.1 ms at BART-base size),
-  and no slower for the layers' matrices.
-- fp32, M >= 2: `W @ x.T` on the (out, in) matrix is 2-4x faster than `x @ W.T` (the vocabulary at
-  M = 5: 4.9 vs 12.4 ms; an FFN matrix 0.27 vs 0.43 ms): MKL's small-M GEMM re-reads the matrix,
-  its skinny-N one does not. This is what keeps a `hybrid` verify pass (1 + K slots) near the
-  cost of one `ar` token.
+- fp32: oneDNN's linear on weights packed once reads a matrix about twice as fast as MKL at
+  every M (the BART-base vocabulary: 1.8 ms at M = 1 and 2.5 at M = 5, against MKL's best of 5.3
+  and 4.9; an FFN matrix 0.06-0.07 against 0.10-0.27 ms), flat from one row to the verify pass's
+  1 + K: that is what keeps a `hybrid` step near the cost of an `ar` one. Matrices too small for
+  that to pay go through MKL, by M: one row reads an (in, out) copy (the vocabulary at BART-base
+  size: 5.2 against 9.1 ms for nn.Linear's (out, in) one), two or more compute `W @ x.T` (2-4x
+  faster than `x @ W.T`: MKL's small-M GEMM re-reads the matrix, its skinny-N one does not).
 - int8 (`Int8Matrix`): weights quantized per output channel, activations per row, multiplied by
   `torch._int_mm` with int32 accumulation: 3-15x faster than fp32. Integer sums are exact, so a
   row's result does not depend on the other rows in the product: `hybrid` stays identical to `ar`
@@ -39,18 +39,24 @@ WEIGHT_FORMATS: tuple[WeightFormat, ...] = ("float", "int8")
 
 
 class DenseMatrix:
-    """One float matrix with its bias: `x (M, in) -> (M, out)`, the kernel chosen by M on the CPU.
+    """One float matrix with its bias: `x (M, in) -> (M, out)`, the kernel chosen for the CPU.
 
-    `weight` (out, in) is the module's own tensor (a view, no copy); `io`, an (in, out) copy, is
-    kept only where the M = 1 product gains from it (the vocabulary projections)."""
+    `weight` (out, in) is the module's own tensor (a view, no copy). On the CPU a matrix of
+    `ONEDNN_MIN_NUMEL` elements or more is packed once for oneDNN, whose product reads it about
+    twice as fast as MKL's on this AMD CPU at every M (and gives each row the same result at any
+    M); a smaller one, where a oneDNN call's overhead dominates, uses MKL by M: one row reads an
+    (in, out) copy (`io_copy`, for the vocabulary projections), two or more compute `W @ x.T`."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool) -> None:
         self.weight, self.bias = weight, bias  # (out, in), (out,)
         self.cpu = weight.device.type == "cpu"
-        self.io = weight.t().contiguous() if io_copy and self.cpu else None  # (in, out)
+        self.packed = _onednn_pack(weight) if self.cpu and weight.numel() >= ONEDNN_MIN_NUMEL else None
+        self.io = weight.t().contiguous() if io_copy and self.cpu and self.packed is None else None  # (in, out)
         self.bias_col = bias[:, None]  # (out, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if not self.cpu:
             return torch.addmm(self.bias, x, self.weight.t())
         if x.shape[0] == 1:
@@ -60,6 +66,17 @@ class DenseMatrix:
     @property
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
+
+
+ONEDNN_MIN_NUMEL = 256 * 1024  # measured: 192 x 640 is faster through MKL, 192 x 4096 through oneDNN
+
+
+def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` (out, in) packed for oneDNN's fp32 linear (tuned for up to 8 rows), or None where
+    this torch has no oneDNN."""
+    if weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
 
 
 class Int8Matrix:

@@ -117,7 +117,7 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
         out[ids[done]] = rows.buf[done]
         out_len[ids[done]] = rows.committed[done]
         stats.record_rows(ids[done], steps=rows.steps[done], nar=rows.nar[done], ar=rows.ar[done],
-                          histogram=rows.histogram[done])
+                          drafted=rows.drafted[done], histogram=rows.histogram[done])
         if n_live == 0:
             return out, out_len
         keep = (~rows.finished).nonzero().squeeze(1)

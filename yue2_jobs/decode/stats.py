@@ -15,13 +15,15 @@ class SequenceStats:
     `nar_tokens`: tokens that came from the NAR branch (verified or trusted drafts, `nar` mode's
     parallel predictions); `ar_tokens`: tokens the AR branch chose itself. Their sum counts every
     generated token up to and including EOS. `accepted_histogram[n]`: steps that committed n
-    NAR tokens.
+    NAR tokens. `drafted_tokens`: drafts sent to verification (`nar_tokens / drafted_tokens` is
+    the drafter's acceptance; 0 where nothing is verified).
     """
 
     decoder_steps: int
     nar_tokens: int
     ar_tokens: int
     accepted_histogram: list[int] = field(default_factory=list)
+    drafted_tokens: int = 0
 
     @property
     def tokens(self) -> int:
@@ -40,14 +42,15 @@ class StatsRecorder:
         self.steps = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.nar = torch.zeros_like(self.steps)
         self.ar = torch.zeros_like(self.steps)
+        self.drafted = torch.zeros_like(self.steps)
         self.histogram = torch.zeros(batch_size, max_nar_per_step + 1, dtype=torch.long, device=device)
 
     def record_rows(self, rows: torch.Tensor, *, steps: torch.Tensor, nar: torch.Tensor, ar: torch.Tensor,
-                    histogram: torch.Tensor) -> None:
-        """The finished rows `rows` (R,): their steps, NAR and AR tokens (R,) and per-row
-        histograms (R, N) of NAR tokens per step (counts past this recorder's width are folded
-        into its last bucket)."""
-        self.steps[rows], self.nar[rows], self.ar[rows] = steps, nar, ar
+                    drafted: torch.Tensor, histogram: torch.Tensor) -> None:
+        """The finished rows `rows` (R,): their steps, NAR, AR and verified draft tokens (R,) and
+        per-row histograms (R, N) of NAR tokens per step (counts past this recorder's width are
+        folded into its last bucket)."""
+        self.steps[rows], self.nar[rows], self.ar[rows], self.drafted[rows] = steps, nar, ar, drafted
         width = self.histogram.shape[1]
         hist = histogram[:, :width].clone()
         hist[:, -1] += histogram[:, width:].sum(1)
@@ -62,20 +65,24 @@ class StatsRecorder:
     def finish(self) -> list[SequenceStats]:
         hist = self.histogram.tolist()
         out = []
-        for i, (steps, nar, ar) in enumerate(zip(self.steps.tolist(), self.nar.tolist(), self.ar.tolist(),
-                                                 strict=True)):
+        for i, (steps, nar, ar, drafted) in enumerate(zip(self.steps.tolist(), self.nar.tolist(), self.ar.tolist(),
+                                                          self.drafted.tolist(), strict=True)):
             h = hist[i]
             while len(h) > 1 and h[-1] == 0:
                 h.pop()
-            out.append(SequenceStats(decoder_steps=steps, nar_tokens=nar, ar_tokens=ar, accepted_histogram=h))
+            out.append(SequenceStats(decoder_steps=steps, nar_tokens=nar, ar_tokens=ar, accepted_histogram=h,
+                                     drafted_tokens=drafted))
         return out
 
 
 def summarize_stats(stats: list[SequenceStats]) -> dict[str, object]:
-    """Batch totals: tokens, decoder steps, tau, share of NAR tokens and the summed histogram."""
+    """Batch totals: tokens, decoder steps, tau, share of NAR tokens, the drafter's acceptance
+    (accepted / verified drafts; None where nothing was verified) and the summed histogram."""
     tokens = sum(s.tokens for s in stats)
+    drafted = sum(s.drafted_tokens for s in stats)
     steps = sum(s.decoder_steps for s in stats)
     width = max((len(s.accepted_histogram) for s in stats), default=1)
     hist = [sum(s.accepted_histogram[i] for s in stats if i < len(s.accepted_histogram)) for i in range(width)]
     return {"tokens": tokens, "decoder_steps": steps, "tau": tokens / steps if steps else 0.0,
-            "nar_share": sum(s.nar_tokens for s in stats) / tokens if tokens else 0.0, "accepted_histogram": hist}
+            "nar_share": sum(s.nar_tokens for s in stats) / tokens if tokens else 0.0,
+            "acceptance": sum(s.nar_tokens for s in stats) / drafted if drafted else None, "accepted_histogram": hist}

@@ -15,9 +15,10 @@ __all__ = ["CjkAwareTokenizer", "RougeResult", "evaluate_checkpoint", "lead_base
 
 def evaluate_checkpoint(checkpoint: str | Path, *, data_dir: str | Path, corpus: str, split: str = "eval",
                         limit: int | None = None, batch_size: int = 32,
-                        params: DecodingParams | None = None) -> RougeResult:
-    """ROUGE of `checkpoint`'s summaries (decoded as `params` says) against the split's references."""
-    session = DecodeSession.load(checkpoint, device="cpu", dtype="float32")
+                        params: DecodingParams | None = None, dtype: str = "float32") -> RougeResult:
+    """ROUGE of `checkpoint`'s summaries (decoded as `params` says, on the CPU in `dtype`: `float32`
+    or `int8`) against the split's references."""
+    session = DecodeSession.load(checkpoint, device="cpu", dtype=dtype)
     rows = read_split(data_dir, corpus, split)[:limit]
     preds = session.summarize([r["text"] for r in rows], params, batch_size=batch_size)
     return rouge(preds, [r["summary"] for r in rows])

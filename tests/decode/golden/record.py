@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+# The names of commit d66e891's tree, which PYTHONPATH puts first.
+from tests.model.test_hybrid import _batches as batches_of  # identical to tests.tiny_models.batches_of
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
 
-# The names of commit d66e891's tree, which PYTHONPATH puts first.
-from tests.model.conftest import batches_of
 from yue2_jobs.model.checkpoint import load_checkpoint
 
 MODES = {"ar": {"mode": "ar"}, "hybrid": {"mode": "hybrid"},
