@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+import ct2
 import torch
 from bench_args import ROOT, apply_common_arguments, parser_with_common_arguments
 
@@ -86,22 +86,17 @@ def _methods(session: DecodeSession, hf, *, max_new_tokens: int, thresholds: lis
 
 def _ctranslate2(hf, tokenizer, workdir: Path, *, device: torch.device, max_new_tokens: int) -> Method | None:
     """CTranslate2 greedy on `hf` (our weights exported to BART), or None without the package."""
-    try:
-        import ctranslate2
-        from ctranslate2.converters import TransformersConverter
-    except ImportError:
+    if not ct2.available():
         return None
-    # Its converter reads these BART options, which transformers 5 no longer writes.
-    hf.config.normalize_before = False
-    hf.config.add_final_layer_norm = False
-    hf.save_pretrained(workdir / "bart")
-    tokenizer.save_pretrained(workdir / "bart")
-    TransformersConverter(str(workdir / "bart")).convert(str(workdir / "ct2"), force=True)
-    on_gpu = device.type == "cuda" and ctranslate2.get_cuda_device_count() > 0
-    if on_gpu:
-        translator = ctranslate2.Translator(str(workdir / "ct2"), device="cuda")
+    import ctranslate2
+
+    path = ct2.convert(hf, tokenizer, workdir)
+    if device.type == "cuda" and ctranslate2.get_cuda_device_count() > 0:
+        translator = ctranslate2.Translator(str(path), device="cuda")
     else:
-        translator = _fastest_cpu_translator(ctranslate2, str(workdir / "ct2"), tokenizer)
+        probe = [tokenizer.convert_ids_to_tokens(tokenizer("a short probe text to decode " * 8)["input_ids"])]
+        translator, threads = ct2.fastest_cpu_translator(path, probe)
+        print(f"CTranslate2 on {threads} thread(s)", flush=True)
     start, pad = hf.config.decoder_start_token_id, hf.config.pad_token_id
     forced_eos = getattr(hf.generation_config, "forced_eos_token_id", None)
     gen = hf.generation_config  # the checkpoint's repetition controls, which CTranslate2 implements too
@@ -109,13 +104,9 @@ def _ctranslate2(hf, tokenizer, workdir: Path, *, device: torch.device, max_new_
                 "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
 
     def run(b: dict[str, torch.Tensor]) -> tuple[torch.Tensor, None]:
-        source = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
-                  for ids, mask in zip(b["input_ids"].cpu(), b["attention_mask"].cpu(), strict=True)]
-        results = translator.translate_batch(source, beam_size=1, max_decoding_length=max_new_tokens,
-                                             return_end_token=True, **controls)
         rows = []
-        for r in results:
-            ids = tokenizer.convert_tokens_to_ids(r.hypotheses[0])
+        for ids in ct2.decode_ids(translator, tokenizer, b["input_ids"], b["attention_mask"],
+                                  max_new_tokens=max_new_tokens, **controls):
             if forced_eos is not None and len(ids) == max_new_tokens and ids[-1] != forced_eos:
                 ids[-1] = forced_eos  # the BART config's forced_eos_token_id, which CTranslate2 does not apply
             rows.append([start, *ids])
@@ -124,25 +115,6 @@ def _ctranslate2(hf, tokenizer, workdir: Path, *, device: torch.device, max_new_
 
     # Not our arithmetic, so not required to be identical; its exact match is reported.
     return Method("CTranslate2", run, lossless=False)
-
-
-def _fastest_cpu_translator(ctranslate2: Any, path: str, tokenizer: Any) -> Any:
-    """The peer at its best: 1 thread or as many as torch uses, whichever decodes a probe faster.
-    (On the 2-core VM, 2 threads beside torch's ran about 10x slower than 1.)"""
-    probe = [tokenizer.convert_ids_to_tokens(tokenizer("a short probe text to decode " * 8)["input_ids"])]
-    best = None
-    for threads in sorted({1, torch.get_num_threads()}):
-        translator = ctranslate2.Translator(path, device="cpu", inter_threads=1, intra_threads=threads)
-        translator.translate_batch(probe, beam_size=1, max_decoding_length=16)  # warm-up
-        t0 = time.perf_counter()
-        for _ in range(5):
-            translator.translate_batch(probe, beam_size=1, max_decoding_length=32)
-        seconds = time.perf_counter() - t0
-        if best is None or seconds < best[0]:
-            best = (seconds, threads, translator)
-    assert best is not None
-    print(f"CTranslate2 on {best[1]} thread(s)", flush=True)
-    return best[2]
 
 
 def _sync(device: torch.device) -> None:
