@@ -87,6 +87,21 @@ def test_draft_vocabulary_projects_onto_its_ids(tiny_yue2, tiny_config):
         model.set_draft_vocab([0, 300])
 
 
+@pytest.mark.parametrize("weights", ["float", "int8"])
+def test_the_prefill_through_the_layout_equals_the_encoder(tiny_yue2, weights):
+    from tests.tiny_models import varied_inputs
+
+    ids, mask = varied_inputs(vocab=tiny_yue2.config.vocab_size)
+    with torch.inference_mode():
+        ref = tiny_yue2.encode(ids, mask)
+        got = tiny_yue2.encode(ids, mask, layout=StepLayout(tiny_yue2, weights=weights))
+    tol = dict(rtol=1e-4, atol=1e-4) if weights == "float" else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(got.hidden, ref.hidden, **tol)
+    for (k, v), (rk, rv) in zip(got.cross_kv + got.nar_cross_kv, ref.cross_kv + ref.nar_cross_kv, strict=True):
+        torch.testing.assert_close(k, rk, **tol)
+        torch.testing.assert_close(v, rv, **tol)
+
+
 def test_a_checkpoint_keeps_its_draft_vocabulary(tiny_yue2, tiny_config, tmp_path):
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast

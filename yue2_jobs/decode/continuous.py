@@ -213,7 +213,7 @@ class ContinuousBatcher(Generic[K]):
         for i, r in enumerate(take):
             ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
             mask[i, : len(r.input_ids)] = True
-        enc = self.model.encode(ids, mask)
+        enc = self.model.encode(ids, mask, layout=self.steps.layout())
         new_mask = torch.zeros(mask.shape, dtype=enc.hidden.dtype, device=self.device)
         new_mask = new_mask.masked_fill(~mask, float("-inf"))[:, None, None, :]  # (N, 1, 1, S)
         ws = self.ws

@@ -39,10 +39,10 @@ class Yue2GenerateOutput:
     mode: Mode = "ar"
 
 
-def prefill(model: Yue2ForConditionalGeneration, input_ids: torch.Tensor,
-            attention_mask: torch.Tensor | None) -> Yue2EncoderState:
-    """Run the encoder once and precompute every layer's cross-attention K/V."""
-    return model.encode(input_ids, attention_mask)
+def prefill(steps: Steps, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> Yue2EncoderState:
+    """Run the encoder once and precompute every layer's cross-attention K/V, through the
+    session's weights (the same kernels, and in int8 the same int8 matrices, as the steps)."""
+    return steps.model.encode(input_ids, attention_mask, layout=steps.layout())
 
 
 @torch.inference_mode()
@@ -85,7 +85,7 @@ def generate(steps: Steps, chooser: ModeChooser, *, input_ids: torch.Tensor, att
     elif mode == "prompt_lookup":
         lookup = PromptLookupDrafter(input_ids, attention_mask, pad_token_id=model.config.pad_token_id, k=k)
         policy = DraftPolicy(source="host", host_drafter=lookup)
-    enc = prefill(model, input_ids, attention_mask)
+    enc = prefill(steps, input_ids, attention_mask)
     buf, lengths = decode_batch(steps, enc=enc, batch_size=input_ids.shape[0], max_new_tokens=params.max_new_tokens,
                                 params=sampling, generator=generator, policy=policy, stats=stats,
                                 sync_every=sync_every)

@@ -126,13 +126,14 @@ Matrix = DenseMatrix | Int8Matrix
 
 
 class StepLayout:
-    """The AR and NAR branches' matrices laid out for decode steps (few tokens per row).
+    """The model's matrices laid out for inference: the AR and NAR branches' for decode steps
+    (few tokens per row), and the encoder's and the cross-attention K/V projections for the prefill.
 
-    `linear(x, module)` equals `module(x)` (to rounding; exactly so in `float` on the CPU for
-    M = 1), `lm_logits` the tied vocabulary projection, `draft_logits` the NAR branch's projection
-    onto the draft vocabulary (`draft_ids`; all of the vocabulary when the model has none).
-    `weights="int8"` (CPU only) quantizes every one of them; the encoder, embeddings, norms and
-    attention stay in the model's dtype.
+    `linear(x, module)` equals `module(x)` (to rounding), `lm_logits` the tied vocabulary
+    projection, `draft_logits` the NAR branch's projection onto the draft vocabulary (`draft_ids`;
+    all of the vocabulary when the model has none).
+    `weights="int8"` (CPU only) quantizes every one of them; embeddings, norms and attention stay
+    in the model's dtype.
     """
 
     def __init__(self, model: Yue2ForConditionalGeneration, *, weights: WeightFormat = "float") -> None:
@@ -149,9 +150,17 @@ class StepLayout:
             return DenseMatrix(weight.detach(), bias.detach(), io_copy=io_copy)
 
         self.matrices: dict[nn.Linear, Matrix] = {}
-        self.nar_matrices: list[Matrix] = []
+        self.nar_matrices: list[Matrix] = []  # read by drafting steps only
+        self.prefill_matrices: list[Matrix] = []  # the encoder's and the cross-attention K/V: once per input
+        for enc in model.enc_layers():
+            for lin in (enc.self_attn.qkv_proj, enc.self_attn.out_proj, enc.ffn.fc1, enc.ffn.fc2):
+                self.matrices[lin] = matrix(lin.weight, lin.bias)
+                self.prefill_matrices.append(self.matrices[lin])
         layers: list[Yue2DecoderLayer | Yue2NarLayer] = [*model.ar_layers(), *model.nar_blocks()]
         for layer in layers:
+            kv = layer.encoder_attn.kv_proj
+            self.matrices[kv] = matrix(kv.weight, kv.bias)
+            self.prefill_matrices.append(self.matrices[kv])
             for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
                         layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
                 self.matrices[lin] = matrix(lin.weight, lin.bias)
@@ -185,6 +194,7 @@ class StepLayout:
         """Weight bytes one step reads through this layout (batch 1): the AR branch and the
         vocabulary, plus the NAR branch and the draft projection when drafting."""
         total = sum(m.nbytes for m in self.matrices.values()) + self.vocab.nbytes
+        total -= sum(m.nbytes for m in self.prefill_matrices)
         if not drafting:
             return total - sum(m.nbytes for m in self.nar_matrices)
         return total + self.draft.nbytes
@@ -196,7 +206,8 @@ def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], .
     None for weights created under `torch.inference_mode()`, which keep no version counter:
     their layout cannot be known to be current, so it is rebuilt on every use.
     """
-    weights = (*model.decoder_layers.parameters(), *model.nar_layers.parameters(), model.shared.weight,
+    weights = (*model.encoder_layers.parameters(), *model.decoder_layers.parameters(),
+               *model.nar_layers.parameters(), model.shared.weight,
                model.final_logits_bias, *([] if model.draft_vocab is None else [model.draft_vocab]))
     if any(w.is_inference() for w in weights):
         return None

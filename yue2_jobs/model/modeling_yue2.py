@@ -162,8 +162,11 @@ class Yue2CrossAttention(nn.Module):
         self.kv_proj = nn.Linear(d_model, 2 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def project_kv(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv_proj(enc).chunk(2, dim=-1)  # (B, S, C) each
+    def project_kv(self, enc: torch.Tensor, *, layout: Yue2StepWeights | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        b, s, c = enc.shape
+        kv = self.kv_proj(enc) if layout is None else layout.linear(enc.reshape(b * s, c), self.kv_proj)
+        k, v = kv.reshape(b, s, 2 * c).chunk(2, dim=-1)  # (B, S, C) each
         return _split_heads(k, self.num_heads), _split_heads(v, self.num_heads)  # (B, H, S, D)
 
     def forward(self, x: torch.Tensor, *, kv: tuple[torch.Tensor, torch.Tensor],
@@ -208,6 +211,18 @@ class Yue2EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         x = self.self_attn_layer_norm(x + _drop(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
         return self.final_layer_norm(x + _drop(self.ffn(x), self.dropout, self.training))
+
+    def infer(self, x: torch.Tensor, mask: torch.Tensor | None, *, layout: Yue2StepWeights) -> torch.Tensor:
+        """`forward` at inference through the decode session's weights: x (B, S, C) -> (B, S, C)."""
+        b, s, c = x.shape
+        attn, ln1, ln2, ffn = self.self_attn, self.self_attn_layer_norm, self.final_layer_norm, self.ffn
+        x2 = x.reshape(b * s, c)
+        qkv = layout.linear(x2, attn.qkv_proj).reshape(b, s, 3, attn.num_heads, -1)  # (B, S, 3, H, D)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, D) each
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b * s, c)
+        x2 = F.layer_norm(x2 + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
+        h = ffn.act(layout.linear(x2, ffn.fc1))  # (B*S, F)
+        return F.layer_norm(x2 + layout.linear(h, ffn.fc2), (c,), ln2.weight, ln2.bias, ln2.eps).view(b, s, c)
 
 
 class Yue2DecoderLayer(nn.Module):
@@ -381,6 +396,10 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
     def get_input_embeddings(self) -> nn.Embedding:
         return self.shared
 
+    def enc_layers(self) -> Sequence[Yue2EncoderLayer]:
+        """`encoder_layers` as what they are."""
+        return cast("Sequence[Yue2EncoderLayer]", self.encoder_layers)
+
     def ar_layers(self) -> Sequence[Yue2DecoderLayer]:
         """`decoder_layers` as what they are (an `nn.ModuleList` is typed as holding any module)."""
         return cast("Sequence[Yue2DecoderLayer]", self.decoder_layers)
@@ -432,7 +451,10 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
 
     # ---- encoder ---------------------------------------------------------------------------
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Yue2EncoderState:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+               layout: Yue2StepWeights | None = None) -> Yue2EncoderState:
+        """The encoder and every decoder layer's cross-attention K/V. `layout`: at inference, the
+        decode session's weights (`Yue2StepWeights`), which hold the encoder's matrices too."""
         s = input_ids.shape[1]
         self._check_length(s, "input_ids")
         if attention_mask is None:
@@ -445,12 +467,12 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         pos = self.encoder_embed_positions.weight[POSITION_OFFSET : s + POSITION_OFFSET]  # (S, C)
         x = self._embed_tokens(input_ids) + pos  # (B, S, C)
         x = _drop(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
-        for layer in self.encoder_layers:
-            x = layer(x, mask)
+        for layer in self.enc_layers():
+            x = layer(x, mask) if layout is None else layer.infer(x, mask, layout=layout)
         return Yue2EncoderState(
             hidden=x, mask=mask,
-            cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.ar_layers()],
-            nar_cross_kv=[layer.encoder_attn.project_kv(x) for layer in self.nar_blocks()],
+            cross_kv=[layer.encoder_attn.project_kv(x, layout=layout) for layer in self.ar_layers()],
+            nar_cross_kv=[layer.encoder_attn.project_kv(x, layout=layout) for layer in self.nar_blocks()],
         )
 
     # ---- AR branch -------------------------------------------------------------------------
