@@ -40,7 +40,8 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-# Decoding modes side by side on the shipped base checkpoint (about 16 minutes on 2 cores), then
+# Ours against CTranslate2 in fp32 and int8 (benchmarks/peers.py, about 25 minutes on 2 cores), then
+# decoding modes side by side on the shipped base checkpoint (about 16 minutes), then
 # our `ar` loop against HF generate on identical weights.
 # Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
 # bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
@@ -55,13 +56,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
 	$(PY) benchmarks/fonts.py --out benchmarks/results/fonts.json
 
-# A new legal version published under a steady load of 1,200 jobs on 2 worker processes: failed and
-# lost jobs, jobs per version, pids, publish -> all workers serving (about 2 minutes; Postgres, Redis).
 # Ours against CTranslate2, fp32 and int8: random BART-base/-large shapes and the shipped checkpoints
 # (about 25 minutes on 2 cores; --shapes base for a shorter run).
 bench-peers: $(STAMP)
 	$(PY) benchmarks/peers.py --out benchmarks/results/peers.json
 
+# A new legal version published under a steady load of 1,200 jobs on 2 worker processes: failed and
+# lost jobs, jobs per version, pids, publish -> all workers serving (about 2 minutes; Postgres, Redis).
 bench-hotswap: $(STAMP)
 	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
 

@@ -50,12 +50,13 @@ SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
 @dataclass
 class Engine:
     name: str
-    # -> generated ids, decoder steps, NAR tokens, drafts verified
-    run: Callable[[dict[str, torch.Tensor]], tuple[list[list[int]], int, int, int]]
+    # -> generated ids, decoder steps of the batch, rows' decoder steps summed, NAR tokens, drafts verified
+    run: Callable[[dict[str, torch.Tensor]], tuple[list[list[int]], int, int, int, int]]
     dtype: str
     ours: bool = True
     outputs: list[list[int]] = field(default_factory=list)
     steps: int = 0
+    row_steps: int = 0
     nar: int = 0
     drafted: int = 0
     seconds: list[float] = field(default_factory=list)
@@ -84,24 +85,24 @@ def random_model(shape: str, *, draft_vocab: int, seed: int = 0) -> Yue2ForCondi
 def ours(session: DecodeSession, name: str, mode: str, *, max_new_tokens: int, min_accept_prob: float) -> Engine:
     eos = session.model.config.eos_token_id
 
-    def run(b: dict[str, torch.Tensor]) -> tuple[list[list[int]], int, int, int]:
+    def run(b: dict[str, torch.Tensor]) -> tuple[list[list[int]], int, int, int, int]:
         out = session.generate(b["input_ids"], b["attention_mask"], mode=mode, max_new_tokens=max_new_tokens,
                                min_accept_prob=min_accept_prob)
         return (_generated(out.sequences, pad=session.model.config.pad_token_id, eos=eos),
-                max(s.decoder_steps for s in out.stats), sum(s.nar_tokens for s in out.stats),
-                sum(s.drafted_tokens for s in out.stats))
+                max(s.decoder_steps for s in out.stats), sum(s.decoder_steps for s in out.stats),
+                sum(s.nar_tokens for s in out.stats), sum(s.drafted_tokens for s in out.stats))
 
     return Engine(name, run, session.precision)
 
 
 def peer(translator: Any, tokenizer: Any, name: str, dtype: str, *, max_new_tokens: int, forced_eos: int | None,
          **options: Any) -> Engine:
-    def run(b: dict[str, torch.Tensor]) -> tuple[list[list[int]], int, int, int]:
+    def run(b: dict[str, torch.Tensor]) -> tuple[list[list[int]], int, int, int, int]:
         rows = ct2.decode_ids(translator, tokenizer, b["input_ids"], b["attention_mask"],
                               max_new_tokens=max_new_tokens, **options)
         if forced_eos is not None:  # the checkpoint's forced_eos_token_id, which CTranslate2 does not apply
             rows = [[*r[:-1], forced_eos] if len(r) == max_new_tokens and r[-1] != forced_eos else r for r in rows]
-        return rows, max(len(r) for r in rows), 0, 0
+        return rows, max(len(r) for r in rows), sum(len(r) for r in rows), 0, 0
 
     return Engine(name, run, dtype, ours=False)
 
@@ -117,11 +118,12 @@ def _generated(seqs: torch.Tensor, *, pad: int, eos: int) -> list[list[int]]:
 def measure(engines: list[Engine], batches: list[dict[str, torch.Tensor]], repeats: int) -> None:
     """A warm-up run that keeps each engine's outputs and steps, then `repeats` timed rotations."""
     for e in engines:
-        e.outputs, e.steps, e.nar, e.drafted, e.seconds = [], 0, 0, 0, []
+        e.outputs, e.steps, e.row_steps, e.nar, e.drafted, e.seconds = [], 0, 0, 0, 0, []
         for b in batches:
-            out, steps, nar, drafted = e.run(b)
+            out, steps, row_steps, nar, drafted = e.run(b)
             e.outputs += out
             e.steps += steps
+            e.row_steps += row_steps
             e.nar += nar
             e.drafted += drafted
     for r in range(repeats):
@@ -172,7 +174,7 @@ def report(engines: list[Engine], *, batch: int, what: str, refs: list[str] | No
         ar = by.get(f"ours ar {e.dtype}")
         row: dict[str, Any] = {"what": what, "engine": e.name, "batch": batch, "dtype": e.dtype, "tokens": tokens,
                                "tok_s": tokens / sec, "ms_per_step": 1e3 * sec / e.steps,
-                               "tau": tokens / e.steps / batch if e.ours else None,
+                               "tau": tokens / e.row_steps if e.ours else None,
                                "acceptance": e.nar / e.drafted if e.drafted else None}
         if ar is not None and e.ours:
             row["same_as_ours_ar"] = agreement(e.outputs, ar.outputs)
@@ -220,7 +222,7 @@ def random_shapes(args: Any, workdir: Path) -> list[dict[str, Any]]:
                               generator=g)
         texts[:, 0], texts[:, -1] = 0, model.config.eos_token_id
         probe = [tokenizer.convert_ids_to_tokens(texts[0].tolist())]
-        engines = _engines(model, tokenizer, workdir / shape, probe, max_new_tokens=args.new_tokens,
+        engines = _engines(model, tokenizer, workdir / f"random-{shape}", probe, max_new_tokens=args.new_tokens,
                            min_accept_prob=0.0, controls={})
         for bs in args.batch_sizes:
             n = bs * (2 if bs > 1 else 3)
@@ -242,8 +244,8 @@ def shipped(args: Any, workdir: Path) -> list[dict[str, Any]]:
         gen = model.generation_config
         controls = {"repetition_penalty": gen.repetition_penalty or 1.0,
                     "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
-        probe = [tokenizer.convert_ids_to_tokens(tokenizer(texts[0])["input_ids"])]
-        engines = _engines(model, tokenizer, workdir / name, probe, max_new_tokens=args.max_new_tokens,
+        probe = [tokenizer.convert_ids_to_tokens(tokenizer(texts[0], truncation=True, max_length=256)["input_ids"])]
+        engines = _engines(model, tokenizer, workdir / f"shipped-{name}", probe, max_new_tokens=args.max_new_tokens,
                            min_accept_prob=0.05, controls=controls)
         for bs in args.batch_sizes:
             batches = [dict(tokenizer(texts[i : i + bs], truncation=True, max_length=256, padding=True,

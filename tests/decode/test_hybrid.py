@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -256,8 +257,12 @@ def _exact_marginals(model, ids: torch.Tensor, steps: int) -> list[torch.Tensor]
     return marginals
 
 
-def test_speculative_sampling_keeps_the_ar_distribution(small_vocab_model):
-    model = small_vocab_model
+@pytest.mark.parametrize("draft_vocab", [None, [0, 4, 5, 6, 8]])
+def test_speculative_sampling_keeps_the_ar_distribution(small_vocab_model, draft_vocab):
+    """With a draft vocabulary the drafter's q is zero outside it (9 and 7 are never drafted): the
+    acceptance rule must still give `ar`'s distribution."""
+    model = copy.deepcopy(small_vocab_model)
+    model.set_draft_vocab(draft_vocab)
     ids = torch.tensor([[0, 5, 6, 7, 8, 2]])
     n, steps = 6000, 3
     exact = _exact_marginals(model, ids, steps)

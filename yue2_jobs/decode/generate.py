@@ -74,7 +74,7 @@ def generate(steps: Steps, chooser: ModeChooser, *, input_ids: torch.Tensor, att
     if mode == AUTO:  # sampled: `ar` and `hybrid` draw different tokens, so a seed must name one
         mode = "ar" if params.do_sample else chooser.choose(input_ids.shape[0])
     if mode == "nar":
-        seqs = nar_generate(model, input_ids=input_ids, attention_mask=attention_mask,
+        seqs = nar_generate(model, layout=steps.layout(), input_ids=input_ids, attention_mask=attention_mask,
                             max_new_tokens=params.max_new_tokens, params=sampling, iterations=nar_iterations,
                             stats=stats)
         return Yue2GenerateOutput(sequences=seqs, stats=stats.finish(), mode=mode)

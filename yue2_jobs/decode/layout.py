@@ -9,16 +9,14 @@ CPU (`benchmarks/peers.py`; README, "Decoding speed"):
 - fp32: oneDNN's linear on weights packed once reads a matrix about twice as fast as MKL at
   every M (the BART-base vocabulary: 1.8 ms at M = 1 and 2.5 at M = 5, against MKL's best of 5.3
   and 4.9; an FFN matrix 0.06-0.07 against 0.10-0.27 ms), flat from one row to the verify pass's
-  1 + K: that is what keeps a `hybrid` step near the cost of an `ar` one. Matrices too small for
-  that to pay go through MKL, by M: one row reads an (in, out) copy (the vocabulary at BART-base
-  size: 5.2 against 9.1 ms for nn.Linear's (out, in) one), two or more compute `W @ x.T` (2-4x
-  faster than `x @ W.T`: MKL's small-M GEMM re-reads the matrix, its skinny-N one does not).
-- int8 (`Int8Matrix`): weights quantized per output channel, activations per row, multiplied by
-  `torch._int_mm` with int32 accumulation: 3-15x faster than fp32. Integer sums are exact, so a
-  row's result does not depend on the other rows in the product: `hybrid` stays identical to `ar`
-  and a row's output does not depend on its batch (fbgemm's dynamic int8 linear, faster still at
-  M = 1, quantizes activations per tensor and loses both; torchao's int8 configs measured 4-8x
-  slower than fp32 on this CPU).
+  1 + K: that is what keeps a `hybrid` step near the cost of an `ar` one (MKL's small-M GEMM
+  re-reads the matrix: the vocabulary at M = 5 took 12.4 ms). Matrices too small for oneDNN to
+  pay (a call costs about 15 us) stay in cache and go through MKL.
+- int8 (`Int8Matrix`): weights quantized per output channel, activations per row, exact int32
+  sums (fbgemm's static-input int8 linear on x86 with exact sums, else `torch._int_mm`): the
+  BART-base vocabulary in 0.6 ms at M = 1 and 0.8 at M = 5. A row's product does not depend on
+  the other rows (fbgemm's dynamic int8 linear quantizes activations per tensor, so there it
+  would). torchao's int8 configurations measured 4-8x slower than fp32 on this CPU.
 
 On other devices every fp32/bf16 matrix is a view and every product is `x @ W.T` (cuBLAS has no
 such cliffs, and CUDA graphs want one kernel per shape).
@@ -26,6 +24,7 @@ such cliffs, and CUDA graphs want one kernel per shape).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Literal
 
@@ -44,28 +43,24 @@ class DenseMatrix:
     `weight` (out, in) is the module's own tensor (a view, no copy). On the CPU a matrix of
     `ONEDNN_MIN_NUMEL` elements or more is packed once for oneDNN, whose product reads it about
     twice as fast as MKL's on this AMD CPU at every M (and gives each row the same result at any
-    M); a smaller one, where a oneDNN call's overhead dominates, uses MKL by M: one row reads an
-    (in, out) copy (`io_copy`, for the vocabulary projections), two or more compute `W @ x.T`."""
+    M); a smaller one, where a oneDNN call's overhead dominates, goes through MKL (one row reads
+    an (in, out) copy where `io_copy` asks for one: the vocabulary projections)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool) -> None:
         self.weight, self.bias = weight, bias  # (out, in), (out,)
         self.cpu = weight.device.type == "cpu"
         self.packed = _onednn_pack(weight) if self.cpu and weight.numel() >= ONEDNN_MIN_NUMEL else None
         self.io = weight.t().contiguous() if io_copy and self.cpu and self.packed is None else None  # (in, out)
-        self.bias_col = bias[:, None]  # (out, 1)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if not self.cpu:
-            return torch.addmm(self.bias, x, self.weight.t())
-        if x.shape[0] == 1:
-            return torch.addmm(self.bias, x, self.io if self.io is not None else self.weight.t())
-        return torch.addmm(self.bias_col, self.weight, x.t()).t()  # (M, out), a transposed view
-
-    @property
-    def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
+        if x.shape[0] == 1 and self.io is not None:
+            return torch.addmm(self.bias, x, self.io)
+        # Small enough to stay in cache, so MKL's small-M GEMM re-reading it costs little; its
+        # skinny-N `W @ x.T` would hand attention a transposed view, which sends SDPA to its slow
+        # math path.
+        return torch.addmm(self.bias, x, self.weight.t())
 
 
 ONEDNN_MIN_NUMEL = 256 * 1024  # measured: 192 x 640 is faster through MKL, 192 x 4096 through oneDNN
@@ -107,19 +102,35 @@ class Int8Matrix:
         y = torch._int_mm(xi.to(torch.int8), self.q.t()).to(x.dtype)  # (M, out), exact
         return torch.addcmul(self.bias, y.mul_(s), self.scale)
 
-    @property
-    def nbytes(self) -> int:
-        return self.out_features * (self.in_features + 4)  # int8 weights and fp32 scales
-
 
 def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor) -> Any | None:
-    """fbgemm's packed int8 weight (x86 only), or None where the quantized engine lacks it."""
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
+    """fbgemm's packed int8 weight (x86 only), or None where the quantized engine lacks it or its
+    sums are not exact on this CPU."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not _fbgemm_is_exact():
         return None
     with warnings.catch_warnings():  # quantized tensors are deprecated as a user type; the kernel is not
         warnings.simplefilter("ignore")
         wq = torch._make_per_channel_quantized_tensor(q, scale.double(), torch.zeros_like(scale, dtype=torch.long), 0)
         return torch.ops.quantized.linear_prepack(wq, None)
+
+
+@functools.cache
+def _fbgemm_is_exact() -> bool:
+    """Whether fbgemm's int8 product equals exact integer arithmetic here on the worst case (every
+    activation and weight at +-127). Its AVX-512 VNNI kernels sum in int32; older x86 kernels pair
+    u8 x s8 products in saturating int16, which inputs at zero point 128 can overflow: there the
+    slower `torch._int_mm` is used instead."""
+    q = torch.full((16, 64), 127, dtype=torch.int8)
+    q[1::2] = -127
+    x = torch.full((3, 64), 127.0)
+    x[1] = -127.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wq = torch._make_per_channel_quantized_tensor(q, torch.ones(16, dtype=torch.double),
+                                                      torch.zeros(16, dtype=torch.long), 0)
+        packed = torch.ops.quantized.linear_prepack(wq, None)
+    got = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, 1.0, 128, packed)
+    return torch.equal(got, x @ q.float().t())
 
 
 Matrix = DenseMatrix | Int8Matrix
@@ -150,22 +161,16 @@ class StepLayout:
             return DenseMatrix(weight.detach(), bias.detach(), io_copy=io_copy)
 
         self.matrices: dict[nn.Linear, Matrix] = {}
-        self.nar_matrices: list[Matrix] = []  # read by drafting steps only
-        self.prefill_matrices: list[Matrix] = []  # the encoder's and the cross-attention K/V: once per input
-        for enc in model.enc_layers():
-            for lin in (enc.self_attn.qkv_proj, enc.self_attn.out_proj, enc.ffn.fc1, enc.ffn.fc2):
-                self.matrices[lin] = matrix(lin.weight, lin.bias)
-                self.prefill_matrices.append(self.matrices[lin])
+        linears: list[nn.Linear] = []
+        for enc in model.enc_layers():  # the prefill's: once per input
+            linears += [enc.self_attn.qkv_proj, enc.self_attn.out_proj, enc.ffn.fc1, enc.ffn.fc2]
         layers: list[Yue2DecoderLayer | Yue2NarLayer] = [*model.ar_layers(), *model.nar_blocks()]
         for layer in layers:
-            kv = layer.encoder_attn.kv_proj
-            self.matrices[kv] = matrix(kv.weight, kv.bias)
-            self.prefill_matrices.append(self.matrices[kv])
-            for lin in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
-                        layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2):
-                self.matrices[lin] = matrix(lin.weight, lin.bias)
-                if isinstance(layer, Yue2NarLayer):
-                    self.nar_matrices.append(self.matrices[lin])
+            linears += [layer.encoder_attn.kv_proj,  # the prefill's cross-attention K/V
+                        layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
+                        layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2]
+        for lin in linears:
+            self.matrices[lin] = matrix(lin.weight, lin.bias)
         bias = model.final_logits_bias[0].detach()
         self.vocab = matrix(vocab, bias, io_copy=True)  # (V, C)
         self.draft_ids = model.draft_vocab  # (V_d,) or None
@@ -189,15 +194,6 @@ class StepLayout:
         """Token ids (...) of the greedy choices in draft logits (..., V_d)."""
         best = draft_logits.argmax(-1)
         return best if self.draft_ids is None else self.draft_ids[best]
-
-    def nbytes(self, *, drafting: bool) -> int:
-        """Weight bytes one step reads through this layout (batch 1): the AR branch and the
-        vocabulary, plus the NAR branch and the draft projection when drafting."""
-        total = sum(m.nbytes for m in self.matrices.values()) + self.vocab.nbytes
-        total -= sum(m.nbytes for m in self.prefill_matrices)
-        if not drafting:
-            return total - sum(m.nbytes for m in self.nar_matrices)
-        return total + self.draft.nbytes
 
 
 def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...] | None:

@@ -27,22 +27,26 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
+from yue2_jobs.decode.layout import StepLayout
 from yue2_jobs.decode.sampling import SamplingParams, first_true, forced_tokens, leading_run, repetition_controls
 from yue2_jobs.decode.stats import StatsRecorder
 from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 
 
 @torch.inference_mode()
-def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+def nar_generate(model: Yue2ForConditionalGeneration, *, layout: StepLayout, input_ids: torch.Tensor,
+                 attention_mask: torch.Tensor | None,
                  max_new_tokens: int, params: SamplingParams, iterations: int, stats: StatsRecorder) -> torch.Tensor:
-    """Decode every row in `iterations` parallel passes; returns (B, 1 + n) as `generate` does."""
+    """Decode every row in `iterations` parallel passes; returns (B, 1 + n) as `generate` does.
+    The prefill and the vocabulary projection go through the session's `layout` (int8 in an int8
+    session); the parallel passes over the canvas read the model's own weights."""
     if params.do_sample:
         raise ValueError("mode 'nar' decodes greedily; do_sample=True needs mode 'ar', 'hybrid' or 'hybrid_fast'")
     cfg, gen = model.config, model.generation_config
     k, eos, pad = cfg.nar_block_size, cfg.eos_token_id, cfg.pad_token_id
     b, dev = input_ids.shape[0], input_ids.device
     total = 1 + max_new_tokens
-    enc = model.encode(input_ids, attention_mask)  # the prefill: encoder once, cross-attention K/V
+    enc = model.encode(input_ids, attention_mask, layout=layout)  # the prefill: encoder once, cross-attention K/V
     canvas = input_ids.new_full((b, total), cfg.unk_token_id)  # (B, T): mask tokens to start from
     canvas[:, 0] = cfg.decoder_start_token_id
     from_nar = torch.zeros(b, total, dtype=torch.bool, device=dev)
@@ -51,7 +55,7 @@ def nar_generate(model: Yue2ForConditionalGeneration, *, input_ids: torch.Tensor
     for _ in range(iterations):
         x = canvas[:, :width]
         hidden = model.decode(x, enc)  # (B, W, C): causal, every position at once
-        logits = model.lm_logits(hidden)  # (B, W, V)
+        logits = layout.lm_logits(hidden.reshape(-1, hidden.shape[-1])).reshape(b, x.shape[1], -1)  # (B, W, V)
         if params.controls_repetition:  # position t's context is the canvas up to t, as in `ar`
             logits = repetition_controls(logits, x, positions[1 : width + 1].expand(b, -1), params)
         logp = logits.float().log_softmax(-1)  # (B, W, V)

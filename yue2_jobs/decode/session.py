@@ -39,8 +39,9 @@ class DecodeSession:
     `device` and `dtype` None keep the model where it is; names (`"auto"`, `"cpu"`, `"cuda"`,
     `"bfloat16"`, ...) are resolved as the worker's settings are (`model.device`), and the model
     is moved there and put in eval mode (a session decodes; it never trains). `dtype="int8"`
-    (CPU only) keeps the model in float32 and decodes with int8 copies of the decoder's matrices
-    (`yue2_jobs.decode.layout.Int8Matrix`); the encoder runs in float32. Moving the model
+    (CPU only) keeps the model in float32 and decodes with int8 copies of its matrices (encoder,
+    both decoder branches, vocabulary: `yue2_jobs.decode.layout.Int8Matrix`); embeddings, norms
+    and attention stay float32, and so do `nar` mode's parallel passes. Moving the model
     elsewhere afterwards makes the session refuse to decode rather than decode on the wrong
     device or dtype: make a new session then. `tokenizer` is needed only by `summarize`.
     `weights_sha256`: the checkpoint's, when loaded from one.

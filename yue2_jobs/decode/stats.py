@@ -15,8 +15,9 @@ class SequenceStats:
     `nar_tokens`: tokens that came from the NAR branch (verified or trusted drafts, `nar` mode's
     parallel predictions); `ar_tokens`: tokens the AR branch chose itself. Their sum counts every
     generated token up to and including EOS. `accepted_histogram[n]`: steps that committed n
-    NAR tokens. `drafted_tokens`: drafts sent to verification (`nar_tokens / drafted_tokens` is
-    the drafter's acceptance; 0 where nothing is verified).
+    NAR tokens. `drafted_tokens`: drafts sent to verification; in `hybrid` and `prompt_lookup`
+    `nar_tokens / drafted_tokens` is the drafter's acceptance (in `hybrid_fast` `nar_tokens` also
+    counts the trusted, unverified drafts, so the ratio is not one there).
     """
 
     decoder_steps: int

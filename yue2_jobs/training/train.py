@@ -11,7 +11,7 @@
    and the NAR branch learns to draft those sequences (self-distillation: the AR branch's own
    choices as hard targets plus KL to its distribution at the drafted position). First the
    draft vocabulary is built from those outputs (`draft_vocab.shortlist`, `--draft-coverage`).
-3. Confidence: only the confidence head trains, on "draft token == AR argmax"; a
+3. Confidence: only the confidence head trains, on "draft token == the AR branch's choice"; a
    reliability table on held-out inputs shows its calibration.
 
 Seeded and deterministic: batch order and dropout are functions of (seed, step), so a run
