@@ -17,11 +17,18 @@ import sys
 from pathlib import Path
 
 # The names of commit d66e891's tree, which PYTHONPATH puts first.
-from tests.model.test_hybrid import _batches as batches_of  # identical to tests.tiny_models.batches_of
 from yue2_jobs.model.data import read_split
 from yue2_jobs.model.generation import generate
 
 from yue2_jobs.model.checkpoint import load_checkpoint
+
+
+def batches_of(ids, mask, size: int):
+    """tests.tiny_models.batches_of, which the old tree lacks."""
+    for i in range(0, ids.shape[0], size):
+        width = int(mask[i : i + size].sum(1).max())
+        yield ids[i : i + size, :width], mask[i : i + size, :width]
+
 
 MODES = {"ar": {"mode": "ar"}, "hybrid": {"mode": "hybrid"},
          "hybrid_fast@0.6": {"mode": "hybrid_fast", "nar_threshold": 0.6},
