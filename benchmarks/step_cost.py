@@ -8,6 +8,7 @@ source is `--source` tokens long and the caches hold `--new-tokens` positions. O
 replayed from a CUDA graph (`--no-graphs`: eager), in `--dtype` (default bf16 on CUDA).
 
     python benchmarks/step_cost.py --shapes base large --batch-sizes 1 32 --out results/step_cost.json
+    python benchmarks/step_cost.py --shapes base --batch-sizes 1 8 --weights int8   # the int8 matrices (CPU)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from yue2_jobs.decode.engine import NEVER_TRUST, StepShape, engine_step
 from yue2_jobs.decode.graphs import StepGraphs
-from yue2_jobs.decode.layout import StepLayout, WeightFormat
+from yue2_jobs.decode.layout import WEIGHT_FORMATS, StepLayout, WeightFormat
 from yue2_jobs.decode.rows import Rows
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.device import resolve_device, resolve_dtype
@@ -89,6 +90,7 @@ def main() -> None:
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--no-graphs", action="store_true")
+    p.add_argument("--weights", default="float", choices=WEIGHT_FORMATS, help="int8: the int8 matrices (CPU)")
     p.add_argument("--hbm-gbps", type=float, default=0.0)
     p.add_argument("--out", default="benchmarks/results/step_cost.json")
     args = p.parse_args()
@@ -107,9 +109,9 @@ def main() -> None:
         for batch in args.batch_sizes:
             for mode, drafts in (("ar", "none"), ("hybrid", "nar")):
                 sec = time_steps(model, batch=batch, source=args.source, new_tokens=args.new_tokens, drafts=drafts,
-                                 graphs=graphs, steps=args.new_tokens)
+                                 weights=args.weights, graphs=graphs, steps=args.new_tokens)
                 row = {"shape": name, "batch": batch, "mode": mode, "step_s": sec, "tok_s_at_tau_1": batch / sec,
-                       "dtype": str(dtype), "graphs": graphs}
+                       "dtype": str(dtype), "weights": args.weights, "graphs": graphs}
                 if bandwidth and batch == 1:
                     row["roofline_tok_s"] = bandwidth * 1e9 / step_bytes(model, drafting=drafts == "nar")
                     row["share_of_roofline"] = row["tok_s_at_tau_1"] / row["roofline_tok_s"]

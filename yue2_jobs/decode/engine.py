@@ -234,11 +234,12 @@ def _next_drafts(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encod
     if shape.params.do_sample:
         q = processed_probs(d_logits, shape.params)  # (A, K, V_d)
         drafts = torch.multinomial(q.flatten(0, 1), 1, generator=generator).view(conf.shape)
-        if layout.draft_ids is not None:  # the acceptance rule compares q with p over the whole vocabulary
-            drafts = layout.draft_ids[drafts]
-            q = q.new_zeros(*q.shape[:2], model.config.vocab_size).index_copy_(2, layout.draft_ids, q)
+        ids = model.draft_vocab
+        if ids is not None:  # the acceptance rule compares q with p over the whole vocabulary
+            drafts = ids[drafts]
+            q = q.new_zeros(*q.shape[:2], model.config.vocab_size).index_copy_(2, ids, q)
     else:
-        drafts = layout.draft_tokens(d_logits)  # (A, K)
+        drafts = model.draft_tokens(d_logits)  # (A, K)
     room = rows.total - committed
     n_trust = None
     if shape.trust:

@@ -141,8 +141,8 @@ class StepLayout:
     (few tokens per row), and the encoder's and the cross-attention K/V projections for the prefill.
 
     `linear(x, module)` equals `module(x)` (to rounding), `lm_logits` the tied vocabulary
-    projection, `draft_logits` the NAR branch's projection onto the draft vocabulary (`draft_ids`;
-    all of the vocabulary when the model has none).
+    projection, `draft_logits` the NAR branch's projection onto the draft vocabulary (the model's
+    `draft_vocab`; all of the vocabulary when the model has none).
     `weights="int8"` (CPU only) quantizes every one of them; embeddings, norms and attention stay
     in the model's dtype.
     """
@@ -173,8 +173,7 @@ class StepLayout:
             self.matrices[lin] = matrix(lin.weight, lin.bias)
         bias = model.final_logits_bias[0].detach()
         self.vocab = matrix(vocab, bias, io_copy=True)  # (V, C)
-        self.draft_ids = model.draft_vocab  # (V_d,) or None
-        ids = self.draft_ids
+        ids = model.draft_vocab  # (V_d,) or None
         self.draft = self.vocab if ids is None else matrix(vocab[ids], bias[ids], io_copy=True)  # (V_d, C)
 
     def is_current(self, model: Yue2ForConditionalGeneration) -> bool:
@@ -190,10 +189,6 @@ class StepLayout:
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.draft(hidden)  # (M, C) -> (M, V_d)
 
-    def draft_tokens(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Token ids (...) of the greedy choices in draft logits (..., V_d)."""
-        best = draft_logits.argmax(-1)
-        return best if self.draft_ids is None else self.draft_ids[best]
 
 
 def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], ...] | None:
