@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo ab-demo test test-fast lint bench bench-peers bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
+.PHONY: venv demo ab-demo test test-fast lint bench bench-peers bench-drafter bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -60,6 +60,12 @@ bench: $(STAMP)
 # (about 25 minutes on 2 cores; --shapes base for a shorter run).
 bench-peers: $(STAMP)
 	$(PY) benchmarks/peers.py --out benchmarks/results/peers.json
+
+# Each shipped drafter teacher-forced: per-slot accuracy and the tau it allows (under a minute).
+bench-drafter: $(STAMP)
+	$(PY) benchmarks/drafter.py --checkpoint checkpoints/base --eval-set general
+	$(PY) benchmarks/drafter.py --checkpoint checkpoints/base --eval-set general --controls
+	$(PY) benchmarks/drafter.py --checkpoint checkpoints/legal --eval-set legal
 
 # A new legal version published under a steady load of 1,200 jobs on 2 worker processes: failed and
 # lost jobs, jobs per version, pids, publish -> all workers serving (about 2 minutes; Postgres, Redis).
