@@ -24,6 +24,9 @@ class Storage(Protocol):
     def url(self, key: str, *, expires_s: int) -> str | None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
     def delete(self, key: str) -> None: ...
+    def check(self) -> None:
+        """Raise a `StorageError` saying what to fix if the store cannot be written now."""
+        ...
 
 
 class LocalStorage:
@@ -69,6 +72,12 @@ class LocalStorage:
         """Remove `key`; a key already gone is not an error (a retried delete)."""
         self._path(key).unlink(missing_ok=True)
 
+    def check(self) -> None:
+        if not self.root.is_dir():
+            raise StorageError(f"storage directory {str(self.root)!r} does not exist or is not a directory")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StorageError(f"storage directory {str(self.root)!r} is not writable by this process")
+
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like prefix ending in /), sorted; in-flight temporaries excluded."""
         base = self._path(prefix.rstrip("/") or ".")
@@ -79,18 +88,37 @@ class LocalStorage:
                       if p.is_file() and not p.name.startswith(".tmp-"))
 
 
+NO_CREDENTIALS = ("S3 credentials not found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (any values for a "
+                  "local moto server), or configure a boto3 profile")
+
+
+def no_bucket(bucket: str) -> str:
+    return (f"S3 bucket {bucket!r} does not exist: create it (`yue2 stack up` does, or "
+            f"`aws s3 mb s3://{bucket}`), or point YUE2_STORAGE_URL at one that does")
+
+
 @contextlib.contextmanager
-def _translate_boto(key: str) -> Iterator[None]:
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, EndpointConnectionError
+def _translate_boto(key: str, bucket: str | None = None) -> Iterator[None]:
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectionError,
+        EndpointConnectionError,
+        NoCredentialsError,
+    )
 
     try:
         yield
     except (EndpointConnectionError, ConnectionError) as exc:
         raise StorageUnavailableError(f"S3 unreachable while accessing {key!r}: {exc}") from exc
+    except NoCredentialsError as exc:  # a setup problem, named with its fix
+        raise StorageError(NO_CREDENTIALS) from exc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500"}:
             raise StorageUnavailableError(f"S3 {code} on {key!r}") from exc
+        if code == "NoSuchBucket" and bucket is not None:
+            raise StorageError(no_bucket(bucket)) from exc
         raise StorageError(f"S3 {code or 'error'} on {key!r}: {exc}") from exc
     except BotoCoreError as exc:
         raise StorageUnavailableError(f"S3 client error on {key!r}: {exc}") from exc
@@ -111,32 +139,43 @@ class S3Storage:
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None:
-        with _translate_boto(key):
+        with _translate_boto(key, self.bucket):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type)
 
     def get(self, key: str) -> bytes:
-        with _translate_boto(key):
+        with _translate_boto(key, self.bucket):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of `key` (one ranged GET)."""
-        with _translate_boto(key):
+        with _translate_boto(key, self.bucket):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key),
                                           Range=f"bytes={start}-{end - 1}")["Body"].read()
 
     def url(self, key: str, *, expires_s: int) -> str | None:
-        with _translate_boto(key):
+        with _translate_boto(key, self.bucket):
             return self.client.generate_presigned_url(
                 "get_object", Params={"Bucket": self.bucket, "Key": self._key(key)}, ExpiresIn=expires_s)
 
     def delete(self, key: str) -> None:
-        with _translate_boto(key):  # S3 answers 204 for a key already gone
+        with _translate_boto(key, self.bucket):  # S3 answers 204 for a key already gone
             self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def check(self) -> None:
+        from botocore.exceptions import ClientError
+
+        with _translate_boto("(bucket check)", self.bucket):
+            try:
+                self.client.head_bucket(Bucket=self.bucket)
+            except ClientError as exc:  # HEAD has no body: a missing bucket is a bare 404
+                if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+                    raise StorageError(no_bucket(self.bucket)) from exc
+                raise
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []
         strip = len(self.prefix) + 1 if self.prefix else 0
-        with _translate_boto(prefix):
+        with _translate_boto(prefix, self.bucket):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
                                                                               Prefix=self._key(prefix)):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))

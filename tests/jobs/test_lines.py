@@ -81,3 +81,24 @@ def test_an_experiment_assigns_the_variant_and_a_reference_is_text() -> None:
     assert parsed["a"].error is None and parsed["a"].reference == "the summary"
     assert parsed["b"].error is not None and parsed["b"].error.field == "body.variant"
     assert parsed["c"].error is not None and parsed["c"].error.field == "reference"
+
+
+def test_input_shape_mistakes_are_named_with_the_shape_expected() -> None:
+    # A whole JSON array (a common first try) is named as such, with an example line.
+    data = json.dumps([line("a", input="x"), line("b", input="y")], indent=1).encode()
+    with pytest.raises(InvalidRequestError, match="is a JSON array; a batch input file is JSON Lines") as exc:
+        parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
+    assert exc.value.field == "input_file_id" and '"custom_id": "doc-1"' in str(exc.value)
+    # A line that is not JSON says why and where.
+    with pytest.raises(InvalidRequestError, match=r"line 2 is not valid JSON \(Expecting .* at column 2\)"):
+        parse_batch_file(jsonl(line("a", input="x"), b"{not json"), endpoint="/v1/summarize", settings=SETTINGS)
+    with pytest.raises(InvalidRequestError, match="line 1 must be a JSON object, not a JSON string"):
+        parse_batch_file(jsonl("just text"), endpoint="/v1/summarize", settings=SETTINGS)
+    # A chat-completions body fails its line alone, naming the field we need and what it sent.
+    chat = line("c")
+    chat["body"] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Summarise: ..."}]}
+    parsed = parse_batch_file(jsonl(line("a", input="x"), chat), endpoint="/v1/summarize", settings=SETTINGS)
+    error = parsed[1].error
+    assert parsed[0].error is None and error is not None and error.field == "body.input"
+    assert "chat-style fields (model, messages) are not accepted" in str(error)
+    assert '{"input": "..."}' in str(error)

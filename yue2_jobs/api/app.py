@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import func, select, text
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yue2_jobs.api.deps import AppState
@@ -22,7 +22,7 @@ from yue2_jobs.api.routes import batches, console, experiments, files, jobs, web
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import MAX_JSON_DEPTH
 from yue2_jobs.db.models import Job
-from yue2_jobs.db.session import session_factory
+from yue2_jobs.db.session import NO_SCHEMA, is_missing_schema, session_factory
 from yue2_jobs.errors import (
     AuthError,
     ConflictError,
@@ -57,7 +57,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(OperationalError)
     async def database_unavailable(_: Request, exc: OperationalError) -> JSONResponse:
+        if is_missing_schema(exc):  # SQLite's "no such table"
+            return error_response(503, NO_SCHEMA, type_="service_unavailable")
         return error_response(503, f"database unavailable: {type(exc.orig).__name__}", type_="service_unavailable")
+
+    @app.exception_handler(ProgrammingError)
+    async def database_not_migrated(_: Request, exc: ProgrammingError) -> JSONResponse:
+        if is_missing_schema(exc):  # Postgres' undefined_table
+            return error_response(503, NO_SCHEMA, type_="service_unavailable")
+        return error_response(500, f"database error: {type(exc.orig).__name__}", type_="server_error")
 
     @app.exception_handler(DataError)
     async def unstorable_value(_: Request, exc: DataError) -> JSONResponse:
@@ -70,11 +78,14 @@ def _install_error_handlers(app: FastAPI) -> None:
                               type_="conflict_error")
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # Starlette's own 4xx (a body that is not JSON or nests too deep to parse, an unknown route)
         # in the same OpenAI shape as ours.
         body_error = exc.status_code == 400
-        response = error_response(exc.status_code, str(exc.detail) if not body_error else
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = _unknown_route(request.url.path)
+        response = error_response(exc.status_code, message if not body_error else
                                   f"the request body is not valid JSON or nests more than {MAX_JSON_DEPTH} levels",
                                   type_="invalid_request_error" if exc.status_code < 500 else "server_error",
                                   param="body" if body_error else None)
@@ -88,6 +99,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(422, f"{field}: {err['msg']}", type_="invalid_request_error", param=field)
 
 
+def _unknown_route(path: str) -> str:
+    """A 404's message: a path missing its /v1 (an OpenAI client whose base_url lacks it) says so."""
+    if not path.startswith("/v1/") and path not in ("/healthz", "/metrics"):
+        return (f"no route {path}: API paths start with /v1 (did you mean /v1{path}?); an OpenAI client's "
+                "base_url must end in /v1, e.g. http://127.0.0.1:8000/v1")
+    return f"no route {path}; see /docs for the API's routes"
+
+
 def _health(state: AppState) -> JSONResponse:
     checks: dict[str, Any] = {}
     try:
@@ -96,7 +115,12 @@ def _health(state: AppState) -> JSONResponse:
             checks["variants_without_workers"] = unserved(session, state.settings.checkpoints)
         checks["database"] = "ok"
     except Exception as exc:
-        checks["database"] = f"error: {type(exc).__name__}"
+        checks["database"] = f"error: {NO_SCHEMA}" if is_missing_schema(exc) else f"error: {type(exc).__name__}"
+    try:
+        state.storage.check()
+        checks["storage"] = "ok"
+    except Exception as exc:
+        checks["storage"] = f"error: {exc}"
     try:
         with state.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)
@@ -104,7 +128,7 @@ def _health(state: AppState) -> JSONResponse:
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}"
     # No worker for a variant is reported, not failed: the API itself serves, and jobs wait queued.
-    ok = checks["database"] == "ok" and checks["broker"] == "ok"
+    ok = all(checks[part] == "ok" for part in ("database", "broker", "storage"))
     return JSONResponse({"status": "ok" if ok else "degraded", **checks}, 200 if ok else 503)
 
 

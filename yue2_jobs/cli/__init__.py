@@ -7,13 +7,33 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 from yue2_jobs.cli import ab, apikeys, checkpoints, jobs, model, server
-from yue2_jobs.errors import Yue2Error
+from yue2_jobs.cli.failures import one_line
+
+
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help already names it or there is none."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        shown = action.option_strings or action.nargs in ("?", "*")
+        if shown and "default" not in text and action.default not in (None, False, "", argparse.SUPPRESS):
+            text += " (default: %(default)s)"
+        return text
+
+
+class Yue2Parser(argparse.ArgumentParser):
+    """The `yue2` parser and every subcommand's (argparse makes subparsers of the parser's class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpWithDefaults)
+        super().__init__(*args, **kwargs)
 
 
 def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="yue2", description=__doc__)
+    parser = Yue2Parser(prog="yue2", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     checkpoints.add_commands(sub)
     ab.add_commands(sub)
@@ -32,8 +52,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(train_arguments="train" in argv[:1]).parse_args(argv)
     try:
         args.func(args)
-    except Yue2Error as exc:
-        print(f"yue2: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("yue2: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # every failure is one line; YUE2_DEBUG=1 shows the traceback
+        if os.environ.get("YUE2_DEBUG"):
+            raise
+        print(f"yue2: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0
 

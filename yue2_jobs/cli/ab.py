@@ -43,12 +43,13 @@ def add_commands(sub: Any) -> None:
     p = ab.add_parser("create", help="create an experiment; prints its id (submit batches with --experiment ID)")
     p.add_argument("--variant", action="append", required=True,
                    help="a variant, control first; `name:weight` sets its share in split mode")
-    p.add_argument("--mode", choices=["split", "paired"], default="split")
-    p.add_argument("--name", default="")
+    p.add_argument("--mode", choices=["split", "paired"], default="split",
+                   help="split: each line goes to one variant; paired: every line runs on every variant")
+    p.add_argument("--name", default="", help="a name shown in the console and the report")
     add_client_args(p)
     p.set_defaults(func=_create)
     p = ab.add_parser("report", help="per variant metrics with 95%% intervals and the differences")
-    p.add_argument("id")
+    p.add_argument("id", help="the experiment id (exp_...)")
     p.add_argument("--json", action="store_true", help="print the JSON report")
     p.add_argument("--html", default=None, help="also write the HTML report (with plots) here")
     add_client_args(p)

@@ -59,21 +59,25 @@ def _revoke(args: argparse.Namespace) -> None:
               f"without a live subscription keep keys cached under a second")
 
 
+def _key_options(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument("--tenant", required=required, default=None,
+                   help="the tenant the key acts for: it sees only that tenant's jobs and batches")
+    p.add_argument("--name", default="", help="a label for the key, shown by `yue2 apikey list`")
+    p.add_argument("--expires-in-days", type=float, default=None, help="days until the key stops working "
+                   "(default: never)")
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("apikey", help="API keys: create (the default; printed once), list, revoke")
-    p.add_argument("--tenant", default=None)
-    p.add_argument("--name", default="")
-    p.add_argument("--expires-in-days", type=float, default=None)
+    _key_options(p, required=False)
     p.set_defaults(func=_create)
     actions = p.add_subparsers(dest="apikey_action")
     c = actions.add_parser("create", help="create a key for a tenant; the secret is printed once")
-    c.add_argument("--tenant", required=True)
-    c.add_argument("--name", default="")
-    c.add_argument("--expires-in-days", type=float, default=None)
+    _key_options(c, required=True)
     c.set_defaults(func=_create)
     ls = actions.add_parser("list", help="keys as JSON lines: ids and prefixes, never secrets")
-    ls.add_argument("--tenant", default=None)
+    ls.add_argument("--tenant", default=None, help="only this tenant's keys (default: every tenant)")
     ls.set_defaults(func=_list)
     r = actions.add_parser("revoke", help="revoke a key (by its id, from `list`); applies within a second")
-    r.add_argument("key_id")
+    r.add_argument("key_id", help="the key's id (key_...), as `yue2 apikey list` shows it")
     r.set_defaults(func=_revoke)

@@ -18,7 +18,8 @@ def settings() -> Settings:
 
 
 def add_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"),
+                   help="the API's base URL, without /v1 (default: YUE2_API_URL, else %(default)s)")
     p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
 
 

@@ -34,6 +34,8 @@ def _status(args: argparse.Namespace) -> None:
 def _wait(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
+    from yue2_jobs.client import TERMINAL_BATCH, TERMINAL_JOB
+
     c = client(args)
     is_batch = args.id.startswith("batch_")
     with tqdm(total=None, unit="req" if is_batch else "job", desc=args.id[:18], file=sys.stderr) as bar:
@@ -42,8 +44,9 @@ def _wait(args: argparse.Namespace) -> None:
                 counts = state["request_counts"]
                 bar.total = counts["total"]
                 bar.n = counts["completed"] + counts["failed"]
-            bar.set_postfix_str(state["status"])
-            bar.refresh()
+            # The final state is drawn once, by the bar's close: refreshing it here too printed
+            # the last line twice.
+            bar.set_postfix_str(state["status"], refresh=state["status"] not in TERMINAL_BATCH | TERMINAL_JOB)
 
         state = c.wait(args.id, poll_s=args.poll, timeout_s=args.timeout, on_update=update)
     print(json.dumps({k: state.get(k) for k in ("id", "status", "request_counts", "output_file_id",
@@ -98,25 +101,27 @@ def _cancel(args: argparse.Namespace) -> None:
 
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("submit", help="upload a JSONL file and start a batch on it; prints the batch id")
-    p.add_argument("file")
-    p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate", "/v1/render_font"])
+    p.add_argument("file", help="a JSON Lines file: one request object per line")
+    p.add_argument("--endpoint", default="/v1/summarize", choices=["/v1/summarize", "/v1/generate", "/v1/render_font"],
+                   help="what every line of the file asks for")
     p.add_argument("--experiment", default=None, help="an experiment id (`yue2 ab create`): it assigns the variants")
     add_client_args(p)
     p.set_defaults(func=_submit)
     for name, func, text in (("status", _status, "show a job or batch"), ("cancel", _cancel, "cancel a job or batch")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("id")
+        p.add_argument("id", help="a job id (job_...) or batch id (batch_...)")
         add_client_args(p)
         p.set_defaults(func=func)
     p = sub.add_parser("wait", help="wait for a job or batch to finish, with a progress bar")
-    p.add_argument("id")
-    p.add_argument("--poll", type=float, default=1.0)
-    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("id", help="a job id (job_...) or batch id (batch_...)")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between status requests")
+    p.add_argument("--timeout", type=float, default=None, help="give up after this many seconds (default: wait "
+                   "as long as it takes)")
     add_client_args(p)
     p.set_defaults(func=_wait)
     p = sub.add_parser("results", help="write a batch's output file (or a job's record) as JSONL")
-    p.add_argument("id")
-    p.add_argument("-o", "--output", default="-")
+    p.add_argument("id", help="a job id (job_...) or batch id (batch_...)")
+    p.add_argument("-o", "--output", default="-", help="file to write; - is standard output")
     p.add_argument("--errors", action="store_true", help="append the error file's lines too")
     p.add_argument("--files", default=None, metavar="DIR", help="render jobs: also save each image as "
                    "DIR/<custom_id>.svg|png")

@@ -68,8 +68,8 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
     """`train_arguments=False` leaves the train command's options out: they come from the training
     module, which imports torch, and no other command need pay for it."""
     p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory")
-    p.add_argument("src")
-    p.add_argument("dst")
+    p.add_argument("src", help="a local BartForConditionalGeneration directory (config, weights, tokenizer)")
+    p.add_argument("dst", help="the YuE2 checkpoint directory to write")
     p.set_defaults(func=_convert_bart)
 
     p = sub.add_parser("train", help="train (or fine-tune with --init) a checkpoint in three stages")
@@ -80,21 +80,21 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="ROUGE-1/2/L and degenerate share of checkpoints (and lead-1) on held-out sets")
-    p.add_argument("checkpoint", nargs="+")
+    p.add_argument("checkpoint", nargs="+", help="checkpoint directories to score, e.g. checkpoints/base")
     p.add_argument("--set", action="append", choices=["general", "legal"], required=True,
                    help="eval set; repeat for several")
     p.add_argument("--data", default=str(DATA), help="corpus directory (default: the shipped eval sets)")
     p.add_argument("--split", default="eval", choices=["eval", "test"], help="held-out split (default eval)")
     p.add_argument("--limit", type=int, default=None, help="first N rows only")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="texts decoded together")
     add_decoding(p)
     _add_dtype(p)
     p.add_argument("--json", default=None, help="also write the rows here")
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("summarize", help="summarise texts given as arguments (or one per stdin line)")
-    p.add_argument("checkpoint")
-    p.add_argument("text", nargs="*")
+    p.add_argument("checkpoint", help="a checkpoint directory, e.g. checkpoints/base")
+    p.add_argument("text", nargs="*", help="texts to summarise (default: one per line of standard input)")
     add_decoding(p)
     _add_dtype(p)
     p.set_defaults(func=_summarize)

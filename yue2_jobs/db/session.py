@@ -21,6 +21,16 @@ def affected(result: Result[Any]) -> int:
     return cast(CursorResult[Any], result).rowcount
 
 
+NO_SCHEMA = "the database has no yue2-jobs tables: run `yue2 migrate` first"
+
+
+def is_missing_schema(exc: BaseException) -> bool:
+    """Whether a SQLAlchemy error says a table does not exist (a database never migrated)."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return code == "42P01" or "no such table" in str(orig)
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]

@@ -24,6 +24,7 @@ MAX_CUSTOM_ID_CHARS = 512  # jobs.custom_id
 MAX_FILENAME_CHARS = 500  # files.filename
 LINE = re.compile(rb"[^\r\n]+")  # what bytes.splitlines() separates, with byte offsets
 # Where a line too deeply nested for json.loads still names its custom_id (first at the top level).
+LINE_SHAPE = '{"custom_id": "doc-1", "method": "POST", "url": "/v1/summarize", "body": {"input": "text to summarise"}}'
 CUSTOM_ID = re.compile(rb'^\s*\{\s*(?:"[^"\\]*"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*)*"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
 
 
@@ -67,11 +68,28 @@ def _load(raw: bytes, n: int) -> tuple[dict[str, Any], InvalidRequestError | Non
         too_deep = InvalidRequestError(f"line {n} is nested more than {MAX_JSON_DEPTH} levels deep",
                                        field="body", status=400, code="limit_exceeded")
         return {"custom_id": json.loads(m.group(1))}, too_deep
-    except ValueError:
-        raise InvalidRequestError(f"line {n} is not valid JSON", field=f"line {n}", status=400) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"line {n} is not valid JSON ({exc.msg} at column {exc.colno}); each line must "
+                                  f"be one request object: {LINE_SHAPE}", field=f"line {n}", status=400) from None
+    except ValueError:  # bytes that are not UTF-8
+        raise InvalidRequestError(f"line {n} is not valid JSON (not UTF-8 text); each line must be one request "
+                                  f"object: {LINE_SHAPE}", field=f"line {n}", status=400) from None
     if not isinstance(line, dict):
-        raise InvalidRequestError(f"line {n} must be a JSON object", field=f"line {n}", status=400)
+        raise InvalidRequestError(f"line {n} must be a JSON object, not a JSON {_json_type(line)}: {LINE_SHAPE}",
+                                  field=f"line {n}", status=400)
     return line, None
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
+
+
+def _refuse_json_array(data: bytes) -> None:
+    """A whole file holding one JSON array (a common first try) gets the format named, not "line 1"."""
+    if data.lstrip()[:1] == b"[":
+        raise InvalidRequestError(
+            f"the input file is a JSON array; a batch input file is JSON Lines: one request object per line, "
+            f"for example {LINE_SHAPE}", field="input_file_id", status=400)
 
 
 def _custom_id(line: dict[str, Any], n: int, seen: set[str]) -> str:
@@ -92,6 +110,7 @@ def _custom_id(line: dict[str, Any], n: int, seen: set[str]) -> str:
 def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_experiment: bool = False
                      ) -> list[ParsedLine]:
     kind = ENDPOINTS[endpoint]
+    _refuse_json_array(data)
     seen: set[str] = set()
     out: list[ParsedLine] = []
     for n, (start, end, raw) in enumerate(_lines(data), start=1):

@@ -85,6 +85,21 @@ def _parse(model: type[M], body: dict[str, Any], field_prefix: str) -> M:
         raise InvalidRequestError(f"{field}: {err['msg']}", field=field) from None
 
 
+CHAT_FIELDS = ("model", "messages")  # what an OpenAI chat-completions body carries instead of our text field
+
+
+def _refuse_chat_body(body: dict[str, Any], *, kind: str, field_prefix: str) -> None:
+    """A chat-completions-shaped body is named as such, with the shape we take, instead of a
+    bare "extra inputs are not permitted" on its first field."""
+    text_field = TEXT_FIELD.get(kind, "input")
+    found = [f for f in CHAT_FIELDS if f in body]
+    if found and text_field not in body:
+        raise InvalidRequestError(
+            f"{field_prefix}{text_field} is required: a {kind} body is {{\"{text_field}\": \"...\"}} with optional "
+            f"decoding fields (mode, max_new_tokens, ...); chat-style fields ({', '.join(found)}) are not "
+            f"accepted", field=f"{field_prefix}{text_field}")
+
+
 def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefix: str = "") -> ValidatedJob:
     """Check one job body; `kind` comes from the endpoint when the body does not carry it."""
     where = field_prefix.rstrip(".") or "body"
@@ -93,6 +108,7 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     check_depth(body, field=where)
     if (body.get("kind") or kind) == "render_font":
         return _validate_render(body, kind=kind, settings=settings, field_prefix=field_prefix)
+    _refuse_chat_body(body, kind=body.get("kind") or kind or "summarize", field_prefix=field_prefix)
     parsed = _parse(JobBody, body, field_prefix)
     if parsed.kind and kind and parsed.kind != kind:
         raise InvalidRequestError(f"{field_prefix}kind {parsed.kind!r} does not match the endpoint's {kind!r}",

@@ -284,17 +284,41 @@ def _save_state(state_dir: Path, model: Yue2ForConditionalGeneration, tokenizer:
     tmp.replace(state_dir / "meta.json")
 
 
+TRAIN_HELP = {
+    "preset": "model size of a fresh model (Yue2Config presets; ignored with --init)",
+    "vocab_size": "tokenizer vocabulary of a fresh model, in tokens",
+    "denoise_steps": "steps of denoising pretraining before the AR stage",
+    "denoise_mix": "share of AR-stage items replaced by their denoising twin (0-1)",
+    "ar_steps": "optimizer steps of the AR stage (encoder and AR branch)",
+    "nar_steps": "optimizer steps of the NAR stage (the drafter)",
+    "confidence_steps": "optimizer steps of the confidence head",
+    "batch_size": "pairs per optimizer step",
+    "lr": "peak learning rate (AdamW)",
+    "warmup": "steps of linear learning-rate warm-up",
+    "max_source_tokens": "inputs are cut to this many tokens",
+    "max_target_tokens": "summaries are cut to this many tokens",
+    "label_smoothing": "AR-stage label smoothing (0-1)",
+    "distill_rows": "training inputs the AR branch decodes as drafter targets (0: all)",
+    "draft_coverage": "share of the AR outputs' tokens the draft vocabulary covers (0: every id)",
+    "seed": "seed of the batch order, initialisation and dropout",
+    "device": "cpu, cuda, or auto (cuda when available)",
+    "save_every": "steps between resumable saves",
+    "threads": "torch CPU threads (0: torch's default)",
+    "stop_after": "stop after this many steps, saving resumable state (0: run to the end)",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = TrainArgs(data="", corpus="", out="")
     parser.add_argument("--data", default="data", help="directory built by `make data`")
-    parser.add_argument("--corpus", required=True, choices=["general", "legal"])
+    parser.add_argument("--corpus", required=True, choices=["general", "legal"], help="which corpus to train on")
     parser.add_argument("--out", required=True, help="checkpoint directory to write")
     parser.add_argument("--init", default=None, help="checkpoint to fine-tune instead of starting fresh")
     for name in ("preset", "vocab_size", "denoise_steps", "denoise_mix", "ar_steps", "nar_steps", "confidence_steps",
                  "batch_size", "lr", "warmup", "max_source_tokens", "max_target_tokens", "label_smoothing",
                  "distill_rows", "draft_coverage", "seed", "device", "save_every", "threads", "stop_after"):
         value = getattr(defaults, name)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, help=TRAIN_HELP[name])
     parser.add_argument("--repetition-penalty", type=float, default=None,
                         help="default repetition_penalty written to the checkpoint's generation config")
     parser.add_argument("--no-repeat-ngram-size", type=int, default=None,

@@ -1,0 +1,95 @@
+"""The `yue2` command as a newcomer meets it: every argument explains itself (with its default and
+units), and a failing command prints one line that says what to do, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from yue2_jobs.cli import build_parser, main
+
+
+def _arguments(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, argparse.ArgumentParser,
+                                                                            argparse.Action]]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _arguments(sub, f"{path} {name}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, parser, action
+
+
+def test_every_argument_has_help_and_shows_its_default() -> None:
+    missing, no_default = [], []
+    for path, parser, action in _arguments(build_parser(train_arguments=True), "yue2"):
+        name = f"{path} {'/'.join(action.option_strings) or action.dest}"
+        if not action.help:
+            missing.append(name)
+            continue
+        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS):
+            # Every parser's formatter appends "(default: ...)" unless the help already names it.
+            shown = parser.formatter_class(path)._get_help_string(action)  # type: ignore[attr-defined]
+            if "default" not in (shown or ""):
+                no_default.append(name)
+    assert not missing, f"arguments without help: {missing}"
+    assert not no_default, f"defaults not shown: {no_default}"
+
+
+def test_durations_name_their_unit() -> None:
+    wait = build_parser().parse_args(["wait", "job_x"])
+    assert wait.poll == 1.0
+    text = build_parser()._subparsers._group_actions[0].choices["wait"].format_help()  # type: ignore[union-attr]
+    assert "seconds between status requests (default: 1.0)" in " ".join(text.split())
+    assert "give up after this many seconds" in " ".join(text.split())
+
+
+def _one_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_a_missing_file_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    err = _one_line(capsys, ["submit", str(tmp_path / "nope.jsonl"), "--api-key", "k"])
+    assert err == f"yue2: error: no such file: {tmp_path / 'nope.jsonl'}\n"
+
+
+def test_an_api_that_is_not_listening_is_named_with_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    # Port 9 (discard) on loopback: nothing listens there in tests.
+    err = _one_line(capsys, ["status", "job_x", "--api-url", "http://127.0.0.1:9", "--api-key", "k"])
+    assert "cannot reach the API at http://127.0.0.1:9" in err and "yue2 api" in err
+
+
+def test_a_database_never_migrated_says_run_migrate(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YUE2_DATABASE_URL", f"sqlite:///{tmp_path / 'fresh.sqlite'}")
+    err = _one_line(capsys, ["apikey", "create", "--tenant", "acme"])
+    assert err == "yue2: error: the database has no yue2-jobs tables: run `yue2 migrate` first\n"
+
+
+class _FakeClient:
+    """`Client.wait` as the API answers it: a running batch, then the completed one."""
+
+    def wait(self, object_id: str, *, poll_s: float, timeout_s: float | None, on_update: Any) -> dict[str, Any]:
+        state: dict[str, Any] = {"id": object_id, "status": "in_progress",
+                                 "request_counts": {"total": 4, "completed": 1, "failed": 0}}
+        on_update(state)
+        state = {**state, "status": "completed", "request_counts": {"total": 4, "completed": 4, "failed": 0}}
+        on_update(state)
+        return state
+
+
+def test_wait_draws_its_final_line_once(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from yue2_jobs.cli import jobs
+
+    monkeypatch.setattr(jobs, "client", lambda args: _FakeClient())
+    assert main(["wait", "batch_abc", "--api-key", "k"]) == 0
+    captured = capsys.readouterr()
+    finals = [part for part in captured.err.replace("\r", "\n").splitlines() if "completed" in part]
+    assert len(finals) == 1 and "4/4" in finals[0], captured.err
+    assert '"status": "completed"' in captured.out
