@@ -212,3 +212,21 @@ def test_a_failed_first_request_leaves_its_key_free(quiet_api: Any) -> None:
     h = {**headers(settings), "Idempotency-Key": "k-1"}
     assert http.post("/v1/jobs", headers=h, json={"input": ""}).status_code == 422
     assert http.post("/v1/jobs", headers=h, json={"input": "now valid"}).status_code == 201
+
+
+def test_a_cancelled_batch_counts_its_unrun_lines_as_failed_and_retries_them(quiet_api: Any) -> None:
+    settings, http = quiet_api
+    h = headers(settings)
+    lines = summarize_lines(5)
+    batch = create_batch(http, h, lines)
+    run_jobs(settings, batch["id"], succeed=2, leave_running=0)  # c0, c1 done; c2-c4 never run
+    state = http.post(f"/v1/batches/{batch['id']}/cancel", headers=h).json()
+    assert state["status"] == "cancelled"
+    assert state["request_counts"] == {"total": 5, "completed": 2, "failed": 3}  # adds up: OpenAI's sense
+    errs = [json.loads(x) for x in http.get(f"/v1/files/{state['error_file_id']}/content", headers=h).text.splitlines()]
+    assert sorted(e["custom_id"] for e in errs) == ["c2", "c3", "c4"]
+    retry = http.post(f"/v1/batches/{batch['id']}/retry_failed", headers=h)
+    assert retry.status_code == 200, retry.text
+    assert retry.json()["request_counts"] == {"total": 3, "completed": 0, "failed": 0}
+    sent = http.get(f"/v1/files/{retry.json()['input_file_id']}/content", headers=h).content
+    assert sent == jsonl(lines[2:])  # the lines that never ran, byte for byte

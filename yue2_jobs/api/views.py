@@ -60,9 +60,10 @@ def batch_view(state: BatchState) -> dict[str, Any]:
         "expires_at": ts(b.expires_at), "finalizing_at": ts(b.finalizing_at), "completed_at": ts(b.completed_at),
         "failed_at": ts(b.failed_at), "expired_at": ts(b.expired_at), "cancelling_at": ts(b.cancelling_at),
         "cancelled_at": ts(b.cancelled_at),
-        # An expired batch's unrun lines are in its error file: they count as failed, so the counts add up.
+        # Lines that will never run (cancelled, or expired) count as failed, as OpenAI counts them:
+        # they are in the error file, and once the batch ends completed + failed = total.
         "request_counts": {"total": counts["total"], "completed": counts["completed"],
-                           "failed": counts["failed"] + (counts["cancelled"] if b.expired_at else 0)},
+                           "failed": counts["failed"] + counts["cancelled"]},
         "metadata": b.metadata_, "experiment_id": b.experiment_id,
     }
     if state.warnings:

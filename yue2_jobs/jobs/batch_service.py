@@ -73,12 +73,11 @@ def cancel(session: Session, *, tenant: str, batch_id: str, storage: Storage) ->
     return _state(session, batch)
 
 
-def _failed_custom_ids(session: Session, batch_id: str) -> set[str]:
-    """custom_ids of the lines that failed or expired (an expired line is a cancelled job coded `batch_expired`)."""
-    rows = session.execute(select(Job.custom_id, Job.status, Job.error).where(
-        Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))).all()
-    return {c for c, status, error in rows if c is not None and (
-        status == JobStatus.FAILED or (error or {}).get("code") == "batch_expired")}
+def _unfinished_custom_ids(session: Session, batch_id: str) -> set[str]:
+    """custom_ids of the lines with no result: failed, expired or cancelled (an expired line is a
+    cancelled job coded `batch_expired`)."""
+    return {c for c in session.execute(select(Job.custom_id).where(
+        Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))).scalars() if c is not None}
 
 
 def _claim_retry(session: Session, original: Batch) -> None:
@@ -102,15 +101,16 @@ def _claim_retry(session: Session, original: Batch) -> None:
 
 
 def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Settings, storage: Storage) -> BatchState:
-    """A new batch of the ended batch's failed and expired lines: the same lines byte for byte (so the
-    same bodies and custom_ids), under the same endpoint and experiment, with `metadata.retry_of`.
+    """A new batch of the ended batch's lines without a result (failed, expired, or cancelled before
+    they ran): the same lines byte for byte (so the same bodies and custom_ids), under the same
+    endpoint and experiment, with `metadata.retry_of`.
     Refused (409) while another retry of the batch is being created or has not ended."""
     original = service.get_batch(session, tenant=tenant, batch_id=batch_id)
     if original.status not in ENDED:
         raise ConflictError(f"batch {batch_id!r} is {original.status}; retry its failed lines once it has ended")
-    wanted = _failed_custom_ids(session, original.id)
+    wanted = _unfinished_custom_ids(session, original.id)
     if not wanted:
-        raise ConflictError(f"batch {batch_id!r} has no failed or expired lines to retry")
+        raise ConflictError(f"batch {batch_id!r} has no failed, expired or cancelled lines to retry")
     _claim_retry(session, original)
     let_go = update(Batch).where(Batch.id == original.id).values(retrying_since=None)
     try:

@@ -38,11 +38,13 @@ def usage(*, input_tokens: int | None, input_tokens_used: int | None, output_tok
 def output_body(facts: OutputFacts, text: str) -> dict[str, Any]:
     """The JSON a succeeded job produced: stored at its output key and inlined in API answers."""
     return {"id": facts.job_id, "object": f"yue2.{facts.kind}", "custom_id": facts.custom_id,
-            "variant": facts.variant, "checkpoint": facts.checkpoint, "mode": facts.mode, "output": text,
+            "variant": facts.variant, "checkpoint": facts.checkpoint, "output": text,
             "input_truncated": facts.input_truncated,
             "usage": usage(input_tokens=facts.input_tokens, input_tokens_used=facts.input_tokens_used,
                            output_tokens=facts.output_tokens),
-            "decoding": {"decoder_steps": facts.decoder_steps, "nar_tokens": facts.nar_tokens, "chunks": facts.chunks}}
+            # `decoding.mode`, as in a job's view (GET /v1/jobs/{id})
+            "decoding": {"mode": facts.mode, "decoder_steps": facts.decoder_steps, "nar_tokens": facts.nar_tokens,
+                         "chunks": facts.chunks}}
 
 
 def facts_of(job: Any) -> OutputFacts:

@@ -74,9 +74,9 @@ def cancel_batch(batch_id: str, state: StateDep, session: SessionDep, tenant: Te
 @router.post("/{batch_id}/retry_failed")
 def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep,
                  background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
-    """A new batch of this ended batch's failed and expired lines, linked by `metadata.retry_of`. A
-    batch is retried at most once at a time (409 while its retry runs); a retry with the same
-    `Idempotency-Key` gets the first answer back."""
+    """A new batch of this ended batch's failed, expired and cancelled lines, linked by
+    `metadata.retry_of`. A batch is retried at most once at a time (409 while its retry runs); a
+    retry with the same `Idempotency-Key` gets the first answer back."""
     def retry() -> dict[str, Any]:
         retried = batch_service.retry_failed(session, tenant=tenant, batch_id=batch_id, settings=state.settings,
                                              storage=state.storage)
