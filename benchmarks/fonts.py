@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import statistics
 import sys
 import time
@@ -65,24 +64,18 @@ def direct(jobs: list[dict], fmt: str) -> dict[str, float]:
 
 def pipeline(jobs: list[dict]) -> dict[str, float]:
     from yue2_jobs.client import Client
-    from yue2_jobs.demo import start_embedded, start_worker, stop_worker
+    from yue2_jobs.demo import embedded_stack
 
-    stack = start_embedded(prefix="yue2-fonts-bench-", tenant="bench")
-    home, key, url, server = stack.home, stack.key, stack.url, stack.server
-    worker = start_worker(stack.env, variant="fonts", home=home)[0]
-    try:
-        client = Client(url, key)
-        path = home / "in.jsonl"
+    with embedded_stack(prefix="yue2-fonts-bench-", tenant="bench") as stack:
+        stack.worker("fonts")
+        client = Client(stack.url, stack.key)
+        path = stack.home / "in.jsonl"
         path.write_text("".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/render_font",
                                             "body": job}, ensure_ascii=False) + "\n" for i, job in enumerate(jobs)))
         t0 = time.perf_counter()
         batch = client.create_batch(client.upload(path)["id"], endpoint="/v1/render_font")
         state = client.wait(batch["id"], poll_s=0.1, timeout_s=1800)
         wall = time.perf_counter() - t0
-    finally:
-        stop_worker(worker)
-        server.should_exit = True  # type: ignore[attr-defined]
-        shutil.rmtree(home, ignore_errors=True)
     counts = state["request_counts"]
     return {"renders_per_s": counts["completed"] / wall, "completed": counts["completed"], "failed": counts["failed"],
             "wall_s": wall}

@@ -17,7 +17,6 @@ Redis), and exits; the launcher exits when all have.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -33,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.topology import GpuInfo, gpu_numa_node, numa_nodes, usable_cpus
+from yue2_jobs.core.procs import die_with_parent
 
 log = logging.getLogger("yue2.launcher")
 STABLE_S = 60.0  # a child up this long has its restart backoff reset
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -114,10 +113,7 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
 
 def _child_setup(cpus: list[int]) -> Callable[[], None]:
     def setup() -> None:  # runs in the child between fork and exec
-        try:  # die with the launcher, even when it is SIGKILLed
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except OSError:
-            pass
+        die_with_parent(signal.SIGTERM)  # die with the launcher, even when it is SIGKILLed
         os.sched_setaffinity(0, cpus)
 
     return setup

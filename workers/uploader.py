@@ -7,17 +7,16 @@ processes with their own client; a local directory needs no such thing and uses 
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import signal
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.procs import die_with_parent
 from yue2_jobs.core.retry import retrying
 from yue2_jobs.storage import Storage, storage_from_url
 
 _storage: Storage | None = None
-PR_SET_PDEATHSIG = 1
 
 
 def _init(url: str, endpoint_url: str | None, region: str) -> None:
@@ -27,10 +26,7 @@ def _init(url: str, endpoint_url: str | None, region: str) -> None:
     # worker shuts the pool down, or with the worker if it dies.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:  # not Linux
-        pass
+    die_with_parent(signal.SIGKILL)
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
 
 

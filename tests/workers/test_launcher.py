@@ -114,6 +114,7 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
         f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
         f"sup = Supervisor(kids, **{kw!r})\n"
         "signal.signal(signal.SIGTERM, sup.request_stop)\n"
+        "signal.signal(signal.SIGINT, sup.request_stop)\n"
         "sys.exit(sup.run())\n")
     probes = tmp_path / "probes"
     probes.mkdir()
@@ -170,3 +171,31 @@ def test_dry_run_prints_the_plan_for_this_host() -> None:
     assert sorted(c for child in plan for c in child["cpus"]) == sorted(os.sched_getaffinity(0)) or \
         len(os.sched_getaffinity(0)) < 2
     assert all(child["argv"][-2:] == ["--name", child["name"]] for child in plan)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "killed"])
+def test_no_child_outlives_the_launcher(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C is a warm shutdown like SIGTERM; a launcher killed outright takes its children with it
+    (the kernel sends them SIGTERM: PR_SET_PDEATHSIG)."""
+    kids = plan_children(variant="base", gpus=[], procs=2, sysfs=tmp_path / "none",
+                         cpus=sorted(os.sched_getaffinity(0)), host="t", numactl=None,
+                         child_argv=[sys.executable, "-c", PROBE])
+    proc, _ = _run_supervisor(tmp_path, kids, max_backoff_s=1.0)
+    try:
+        records = wait_for(lambda: len(_records(tmp_path / "probes")) >= 2 and _records(tmp_path / "probes"),
+                           timeout=30, what="both children", interval=0.05)
+        proc.send_signal(sig)
+        proc.wait(30)
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+        for r in records:
+            wait_for(lambda pid=r["pid"]: gone(pid), timeout=10, what=f"child {r['name']} to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()

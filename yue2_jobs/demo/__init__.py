@@ -9,6 +9,7 @@ waits with a progress bar, prints a few summaries and the throughput, and stops 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,7 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -27,12 +29,13 @@ from tqdm import tqdm
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.paths import DATA
+from yue2_jobs.core.procs import die_with_parent, exit_on_sigterm, shielded, stop_all
 
 VARIANTS = ("base", "legal")
 SHOWN = 5  # examples printed per variant
 
 
-def _start_api(settings: Settings) -> tuple[object, str]:
+def _start_api(settings: Settings) -> tuple[Any, threading.Thread, str]:
     import uvicorn
 
     from yue2_jobs.api.app import create_app
@@ -41,13 +44,14 @@ def _start_api(settings: Settings) -> tuple[object, str]:
 
     port = free_port()
     server = uvicorn.Server(config(create_app(settings), settings, host="127.0.0.1", port=port))
-    threading.Thread(target=server.run, daemon=True).start()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
     deadline = time.monotonic() + 30
     while not server.started:
         if time.monotonic() > deadline:
             raise SystemExit("demo: the API did not start within 30 s")
         time.sleep(0.05)
-    return server, f"http://127.0.0.1:{port}"
+    return server, thread, f"http://127.0.0.1:{port}"
 
 
 def embedded_env(home: Path, **extra: str) -> dict[str, str]:
@@ -58,29 +62,27 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def start_worker(env: dict[str, str], *, variant: str, home: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists)."""
+    """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists).
+    The worker gets SIGTERM if this process dies, however it dies."""
     ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
     proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=home,
                             env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
-    while not ready.exists():  # the worker imports torch and loads the checkpoint first
-        if proc.poll() is not None:
-            raise SystemExit(f"demo: the {variant} worker exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
-        time.sleep(0.1)
-    return proc, log
-
-
-def stop_worker(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)  # warm shutdown
+                            stderr=subprocess.STDOUT, preexec_fn=die_with_parent, process_group=0)
     try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        while not ready.exists():  # the worker imports torch and loads the checkpoint first
+            if proc.poll() is not None:
+                raise SystemExit(f"demo: the {variant} worker exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
+            time.sleep(0.1)
+    except BaseException:  # interrupted while it starts: it must not outlive us
+        stop_all([proc])
+        raise
+    return proc, log
 
 
 @dataclass
 class EmbeddedStack:
-    """A migrated SQLite database, an API key and the API (in this process) under `home`."""
+    """A migrated SQLite database, an API key and the API (in this process) under `home`, and the
+    workers started in it (`worker`): `embedded_stack` stops them all and removes `home`."""
 
     home: Path
     env: dict[str, str]
@@ -88,23 +90,55 @@ class EmbeddedStack:
     key: str
     url: str
     server: Any
+    workers: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
+
+    def worker(self, variant: str) -> subprocess.Popen[bytes]:
+        """Start a worker for `variant` (see `start_worker`), owned by this stack."""
+        self.workers[variant] = start_worker(self.env, variant=variant, home=self.home)
+        return self.workers[variant][0]
 
 
-def start_embedded(*, prefix: str, tenant: str) -> EmbeddedStack:
-    """The embedded pipeline's shared part; workers are started with `start_worker`."""
+def stop_with_parent() -> None:
+    """A demo's own lifetime: SIGTERM stops its workers and removes its directory as Ctrl-C does,
+    and it gets SIGTERM when whatever started it (`make`, a shell) dies."""
+    exit_on_sigterm()
+    die_with_parent(signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def embedded_stack(*, prefix: str, tenant: str, keep: bool = False) -> Iterator[EmbeddedStack]:
+    """The embedded pipeline's shared part, for the length of a `with`. However the block ends
+    (an error, Ctrl-C, or SIGTERM, which `exit_on_sigterm` turns into SystemExit) its workers are
+    stopped and its directory removed (unless `keep`)."""
     from yue2_jobs.auth import create_api_key
     from yue2_jobs.db.migrate import upgrade_head
     from yue2_jobs.db.session import session_factory
 
     home = Path(tempfile.mkdtemp(prefix=prefix))
-    env = embedded_env(home)
-    os.environ.update(env)
-    settings = Settings()
-    upgrade_head(settings.resolved_database_url)
-    with session_factory(settings.resolved_database_url)() as session:
-        key = create_api_key(session, tenant=tenant)
-    server, url = _start_api(settings)
-    return EmbeddedStack(home=home, env=env, settings=settings, key=key, url=url, server=server)
+    server: Any = None
+    thread: threading.Thread | None = None
+    stack: EmbeddedStack | None = None
+    try:
+        print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage", flush=True)
+        env = embedded_env(home)
+        os.environ.update(env)
+        settings = Settings()
+        upgrade_head(settings.resolved_database_url)
+        with session_factory(settings.resolved_database_url)() as session:
+            key = create_api_key(session, tenant=tenant)
+        server, thread, url = _start_api(settings)
+        stack = EmbeddedStack(home=home, env=env, settings=settings, key=key, url=url, server=server)
+        yield stack
+    finally:
+        with shielded():
+            if stack is not None:
+                # A demo's results are thrown away: no long warm shutdown is owed to them.
+                stop_all([proc for proc, _ in stack.workers.values()], grace_s=10)
+            if server is not None and thread is not None:
+                server.should_exit = True
+                thread.join(10)  # its last requests may still write under home
+            if not keep:
+                shutil.rmtree(home, ignore_errors=True)
 
 
 def _show_examples(lines: list[dict], by_id: dict[str, dict[str, str]]) -> None:
@@ -125,14 +159,14 @@ def main(*, items: int = 200, keep: bool = False) -> None:
     from yue2_jobs.client import Client
     from yue2_jobs.training.data import read_split
 
+    stop_with_parent()
     t_start = time.perf_counter()
-    stack = start_embedded(prefix="yue2-demo-", tenant="demo")
-    home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server
-    print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage")
-    workers = {v: start_worker(env, variant=v, home=home) for v in VARIANTS}
-    try:
+    with embedded_stack(prefix="yue2-demo-", tenant="demo", keep=keep) as stack:
+        for variant in VARIANTS:
+            stack.worker(variant)
+        workers, url, key, home = stack.workers, stack.url, stack.key, stack.home
         pids = ", ".join(f"{v} {proc.pid}" for v, (proc, _) in workers.items())
-        print(f"workers ready {time.perf_counter() - t_start:.1f}s after start (pids: {pids})")
+        print(f"workers ready {time.perf_counter() - t_start:.1f}s after start (pids: {pids})", flush=True)
         # Each variant on its own domain: base summarises package descriptions and docstrings,
         # legal names the licence a passage comes from.
         half = items // 2
@@ -178,12 +212,6 @@ def main(*, items: int = 200, keep: bool = False) -> None:
               f"AR branch verified. Total demo time {time.perf_counter() - t_start:.1f}s.)")
         if counts["failed"] or state["status"] != "completed":
             raise SystemExit(f"demo: batch ended {state['status']} with {counts['failed']} failed requests")
-    finally:
-        for proc, _ in workers.values():
-            stop_worker(proc)
-        server.should_exit = True
-        if not keep:
-            shutil.rmtree(home, ignore_errors=True)
 
 
 if __name__ == "__main__":

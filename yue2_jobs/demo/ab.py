@@ -9,7 +9,6 @@ report; writes the JSON and the HTML report (with plots) to --out.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 from tqdm import tqdm
 
 from yue2_jobs.core.paths import DATA
-from yue2_jobs.demo import start_embedded, start_worker, stop_worker
+from yue2_jobs.demo import embedded_stack, stop_with_parent
 
 VARIANTS = ("base", "legal")
 CORPORA = ("legal", "general")
@@ -28,12 +27,11 @@ def main(*, items: int | None, out: Path) -> None:
     from yue2_jobs.experiments.text import format_report
     from yue2_jobs.training.data import read_split
 
-    stack = start_embedded(prefix="yue2-ab-", tenant="ab-demo")
-    home, env, key, url, server = stack.home, stack.env, stack.key, stack.url, stack.server
-    procs = []
-    try:
+    stop_with_parent()
+    with embedded_stack(prefix="yue2-ab-", tenant="ab-demo") as stack:
         for variant in VARIANTS:
-            procs.append(start_worker(env, variant=variant, home=home)[0])
+            stack.worker(variant)
+        home, url, key = stack.home, stack.url, stack.key
         client = Client(url, key)
         exp = client.create_experiment(name="base vs legal on both eval sets", mode="paired",
                                        variants=[{"variant": v} for v in VARIANTS])
@@ -64,8 +62,3 @@ def main(*, items: int | None, out: Path) -> None:
         (out / "ab_report.json").write_text(json.dumps(report, indent=2))
         (out / "ab_report.html").write_text(client.experiment_report_html(exp["id"]))
         print(f"wrote {out / 'ab_report.json'} and {out / 'ab_report.html'}")
-    finally:
-        for proc in procs:
-            stop_worker(proc)
-        server.should_exit = True
-        shutil.rmtree(home, ignore_errors=True)
