@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The whole pipeline (API, worker, queue, database, storage) on the embedded default: no servers.
+DEMO_ITEMS ?= 200  # summaries the demo submits (the README test runs it with fewer)
 demo: $(STAMP)
-	$(PY) -m yue2_jobs demo
+	$(PY) -m yue2_jobs demo --items $(DEMO_ITEMS)
 
 # A/B: base vs legal, paired, on both eval sets, on the embedded pipeline; writes
 # benchmarks/results/ab_report.{json,html} (about 2 minutes).

@@ -198,7 +198,7 @@ def report(engines: list[Engine], *, batch: int, what: str, refs: list[str] | No
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
-    """A markdown table (the README's is this one)."""
+    """A markdown table (docs/measured.md's is this one)."""
     cols = [("what", "what", "{}"), ("batch", "batch", "{}"), ("engine", "engine", "{}"), ("tok/s", "tok_s", "{:.0f}"),
             ("ms/step", "ms_per_step", "{:.2f}"), ("step in ar steps", "step_in_ar_steps", "{:.2f}"),
             ("tau", "tau", "{:.2f}"), ("acceptance", "acceptance", "{:.0%}"),

@@ -93,3 +93,19 @@ def test_wait_draws_its_final_line_once(capsys: pytest.CaptureFixture[str], monk
     finals = [part for part in captured.err.replace("\r", "\n").splitlines() if "completed" in part]
     assert len(finals) == 1 and "4/4" in finals[0], captured.err
     assert '"status": "completed"' in captured.out
+
+
+def test_stack_up_names_what_is_missing_and_how_to_start_it(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    assert main(["stack", "up", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}",
+                 "--broker-url", "redis://127.0.0.1:9/0"]) == 2
+    captured = capsys.readouterr()
+    progress, error = captured.err.splitlines()  # what was checked, then the one-line failure
+    assert progress == "stack: database ok" and captured.out == ""  # nothing for `eval` to run
+    assert error.startswith("yue2: error: cannot reach Redis at redis://127.0.0.1:9/0") and "redis-server" in error
+
+
+def test_health_without_an_api_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["health", "--api-url", "http://127.0.0.1:9"])
+    assert exc.value.code == 1 and '"status": "no answer: ConnectError"' in capsys.readouterr().out

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from yue2_jobs.cli import ab, apikeys, checkpoints, jobs, model, server
+from yue2_jobs.cli import ab, apikeys, checkpoints, jobs, model, server, stack
 from yue2_jobs.cli.failures import one_line
 
 
@@ -38,6 +38,7 @@ def build_parser(*, train_arguments: bool = True) -> argparse.ArgumentParser:
     checkpoints.add_commands(sub)
     ab.add_commands(sub)
     server.add_commands(sub)
+    stack.add_commands(sub)
     apikeys.add_commands(sub)
     jobs.add_commands(sub)
     model.add_commands(sub, train_arguments=train_arguments)

@@ -1,4 +1,4 @@
-"""`yue2 migrate | api | watchdog | flower | reconcile | demo`: the server side (the
+"""`yue2 migrate | api | health | watchdog | flower | reconcile | demo`: the server side (the
 workers have their own program, `yue2-worker`)."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import time
 from typing import Any
 
 from yue2_jobs.cli.common import settings
@@ -24,6 +26,25 @@ def _api(args: argparse.Namespace) -> None:
 
     s = settings()
     serve(create_app(s), s, host=args.host, port=args.port)
+
+
+def _health(args: argparse.Namespace) -> None:
+    """Print the API's /healthz; with --wait, poll until it answers ok (exit 1 if it never does)."""
+    import httpx
+
+    deadline = time.monotonic() + (args.wait or 0.0)
+    while True:
+        try:
+            r = httpx.get(f"{args.api_url.rstrip('/')}/healthz", timeout=5.0)
+            body, ok = r.json(), r.status_code == 200
+        except (httpx.TransportError, ValueError) as exc:
+            body, ok = {"status": f"no answer: {type(exc).__name__}"}, False
+        if ok or time.monotonic() >= deadline:
+            print(json.dumps(body))
+            if not ok:
+                raise SystemExit(1)
+            return
+        time.sleep(0.2)
 
 
 def _watchdog(args: argparse.Namespace) -> None:
@@ -78,6 +99,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--host", default=None, help="address to listen on (default: YUE2_API_HOST, else 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="port (default: YUE2_API_PORT, else 8000)")
     p.set_defaults(func=_api)
+    p = sub.add_parser("health", help="print the API's /healthz (database, broker, storage); exit 1 unless ok")
+    p.add_argument("--wait", type=float, default=0.0, help="seconds to keep asking until it answers ok")
+    p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"),
+                   help="the API's base URL (default: YUE2_API_URL, else %(default)s)")
+    p.set_defaults(func=_health)
     p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
     p.set_defaults(func=_watchdog)

@@ -4,7 +4,7 @@ A `DecodeSession` owns one (through `Steps`) and rebuilds it when the weights ch
 inference step methods take it as their `Yue2StepWeights`. A decode step multiplies a few rows
 (M = rows x slots) by every matrix once, so on a CPU it is bound by reading the weights, and how
 they are laid out and which kernel reads them is the step's largest lever. Measured on the 2-core
-CPU (`benchmarks/peers.py`; README, "Decoding speed"):
+CPU (`benchmarks/peers.py`; docs/measured.md, "Decoding speed"):
 
 - fp32: oneDNN's linear on weights packed once reads a matrix about twice as fast as MKL at
   every M (the BART-base vocabulary: 1.8 ms at M = 1 and 2.5 at M = 5, against MKL's best of 5.3

@@ -24,7 +24,7 @@ from yue2_jobs.model.modeling_yue2 import Yue2EncoderState
 LOOKUP_NGRAM = 3  # longest n-gram prompt lookup matches (it falls back to shorter ones)
 # Steps between host reads of the finished flags, by device type. On the CPU a read costs nothing
 # (no queue to drain) while every step past a batch's end costs a full step, so 1 is fastest (the
-# README's "The decode engine" has the `benchmarks/decode.py --sync-every` figures). On a GPU each
+# docs/decoding.md's "The decode engine" has the `benchmarks/decode.py --sync-every` figures). On a GPU each
 # read waits for the queued steps; 4 wastes at most 3 steps per batch.
 SYNC_EVERY = {"cpu": 1, "cuda": 4}
 

@@ -121,6 +121,10 @@ def embedded_stack(*, prefix: str, tenant: str, keep: bool = False) -> Iterator[
     try:
         print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage", flush=True)
         env = embedded_env(home)
+        # This process's settings are the embedded ones too: YUE2_* variables a user exported for
+        # a real stack (`yue2 stack up`) must not point the demo at it.
+        for name in [n for n in os.environ if n.startswith("YUE2_")]:
+            del os.environ[name]
         os.environ.update(env)
         settings = Settings()
         upgrade_head(settings.resolved_database_url)

@@ -1,0 +1,76 @@
+"""The README, run as a newcomer runs it: every fenced `sh` block, in order, in one shell, from a
+fresh checkout's point of view (the venv exists: `make test` made it), against the real Postgres
+and Redis with a scratch database and Redis database of this test's own. Two things differ from a
+person at a terminal, both here in the open: `make test` runs as `make -n test` (this test is part
+of `make test`; running it would recurse), and `make demo` submits 8 summaries instead of 200.
+Blocks marked `sh docker` need Docker and are the only ones skipped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import redis
+from sqlalchemy import create_engine, text
+
+from tests.pipeline.conftest import PG_ADMIN_URL, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+REDIS_DB = 12  # no other test uses it
+PRELUDE = """set -euo pipefail
+make() { if [ "$*" = "test" ]; then command make -n test; else command make "$@"; fi; }
+"""
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(info string, body) of every fenced block whose info string starts with `sh`."""
+    return [(m.group(1).strip(), m.group(2)) for m in
+            re.finditer(r"^```(sh[^\n]*)\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)]
+
+
+def test_the_readme_has_its_two_commands_first_and_stays_short() -> None:
+    first = readme_blocks()[0][1].splitlines()
+    assert [line.split("#")[0].strip() for line in first] == ["make demo", "make test"]
+    assert len((ROOT / "README.md").read_text().splitlines()) < 250
+
+
+def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+    blocks = [body for info, body in readme_blocks() if info != "sh docker"]
+    assert len(blocks) >= 5 and any("yue2 stack up" in b for b in blocks)
+    script = tmp_path / "readme.sh"
+    script.write_text(PRELUDE + "\n".join(blocks))
+    database = f"yue2_readme_{uuid.uuid4().hex[:8]}"
+    api_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("YUE2_", "AWS_"))}
+    env.update(YUE2_DATABASE_URL=PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{database}",
+               YUE2_BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_DB}", YUE2_STACK_S3_PORT=str(free_port()),
+               YUE2_API_PORT=str(api_port), YUE2_API_URL=f"http://127.0.0.1:{api_port}", DEMO_ITEMS="8",
+               TMPDIR=str(tmp_path))  # the README's `mktemp -d` lands here
+    log = tmp_path / "readme.log"
+    proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        code = proc.wait(600)
+        out = log.read_text()
+        assert code == 0, out[-4000:]
+        assert re.search(r'"status": "completed", "request_counts": \{"total": 2, "completed": 2, "failed": 0\}', out)
+        for custom_id in ("pool", "retry"):  # `yue2 results` printed one output line for each
+            assert out.count(f'"custom_id": "{custom_id}", "error": null, "response": {{"status_code": 200') == 1
+        assert '"status": "succeeded"' in out  # the curl job
+        assert "stack: stopped moto" in out
+        assert "Traceback" not in out, out[-4000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        # `yue2 stack up` starts moto in a session of its own; `yue2 stack down` stops it, unless
+        # the script failed before it.
+        subprocess.run(["pkill", "-f", f"moto_server -H 127.0.0.1 -p {env['YUE2_STACK_S3_PORT']}"], check=False)
+        redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}").flushdb()
+        admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
