@@ -9,6 +9,7 @@ import numpy as np
 
 from yue2_jobs.experiments.html import render_html
 from yue2_jobs.experiments.report import JobRecord, bootstrap_ci, difference, segment_report
+from yue2_jobs.experiments.text import format_report
 from yue2_jobs.jobs.assignment import split_variant, variants_for
 
 
@@ -29,10 +30,12 @@ def test_split_assignment_is_deterministic_and_follows_the_weights() -> None:
     assert variants_for(exp("paired", {"base": 1.0, "legal": 1.0}), "x") == ["base", "legal"]
 
 
-def records(variant: str, scores: list[float], *, latency: float = 1.0, failed: int = 0) -> list[JobRecord]:
+def records(variant: str, scores: list[float], *, latency: float = 1.0, failed: int = 0,
+            drafted: bool = True) -> list[JobRecord]:
     out = [JobRecord(batch_id="b", custom_id=f"c{i}", variant=variant, checkpoint=f"{variant}@v1", succeeded=True,
-                     latency_s=latency, output_tokens=10, nar_tokens=5,
-                     scores={"rouge1": s, "rouge2": s / 2, "rougeL": s}) for i, s in enumerate(scores)]
+                     latency_s=latency, output_tokens=10, nar_tokens=5 if drafted else 0,
+                     scores={"rouge1": s, "rouge2": s / 2, "rougeL": s}, drafted=drafted)
+           for i, s in enumerate(scores)]
     out += [JobRecord(batch_id="b", custom_id=f"f{i}", variant=variant, checkpoint=None, succeeded=False,
                       latency_s=None, output_tokens=0, nar_tokens=0) for i in range(failed)]
     return out
@@ -78,3 +81,25 @@ def test_segment_report_counts_failures_and_renders_html() -> None:
               "bootstrap": 2000, "segments": {"all": seg}}
     page = render_html(report)
     assert page.count("<img") == 2 and "legal - base" in page and "ROUGE-L" in page
+
+
+def test_the_report_reads_each_difference_by_its_metric_sense() -> None:
+    """Better ROUGE is better and a longer latency worse (each in its colour); a difference with no
+    better side (output length) or none at all reads so; the latency row and its difference are
+    both means; acceptance is n/a for a variant that never drafted."""
+    recs = records("base", [10.0, 20.0, 30.0, 40.0], latency=1.0, drafted=False)
+    recs += records("legal", [40.0, 50.0, 60.0, 70.0], latency=3.0)
+    recs[4].output_tokens = 14  # legal writes longer, for one item
+    seg = segment_report(recs, ["base", "legal"], paired=True)
+    report = {"experiment_id": "exp_1", "name": "t", "mode": "paired", "control": "base", "finished_jobs": 8,
+              "bootstrap": 2000, "segments": {"all": seg}}
+    assert seg["variants"]["base"]["latency_mean_s"]["value"] == 1.0
+    assert seg["differences"]["legal - base"]["latency_s"]["value"] == 2.0  # mean minus mean
+    text = format_report(report)
+    assert "legal vs base: ROUGE-L +30.00 [+30.00, +30.00] points, better" in text
+    assert "legal vs base: latency, mean (s) +2.000 [+2.000, +2.000], worse" in text
+    assert "n/a (no job drafted: mode ar)" in text and "nar_acceptance" not in text and "latency_s" not in text
+    page = render_html(report)
+    assert "<li class='better'>legal vs base: ROUGE-L" in page and "<li class='worse'>legal vs base: latency" in page
+    assert "<td class='same'>+1.0 <small>[+0.0, +3.0]</small></td>" in page  # output length: interval spans 0
+    assert "n/a (no job drafted: mode ar)" in page and page.count("<img") == 2

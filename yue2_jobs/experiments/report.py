@@ -46,6 +46,7 @@ class JobRecord:
     output_tokens: int
     nar_tokens: int
     scores: dict[str, float] = field(default_factory=dict)  # ROUGE F1 x 100, when a reference was given
+    drafted: bool = True  # it ran a mode that drafts (not `ar`): NAR acceptance means something for it
 
 
 def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[list[JobRecord], dict[str, str]]:
@@ -62,7 +63,8 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
             else None
         rec = JobRecord(batch_id=job.batch_id or "", custom_id=job.custom_id or job.id, variant=job.variant,
                         checkpoint=job.checkpoint, succeeded=ok, latency_s=latency,
-                        output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0)
+                        output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0,
+                        drafted=(job.decoded_mode or (job.params or {}).get("mode")) not in ("ar", None))
         records.append(rec)
         if ok and job.reference is not None:
             text = read_text(storage, output_text=job.output_text, output_key=job.output_key)
@@ -115,14 +117,17 @@ def variant_metrics(records: list[JobRecord], rng: np.random.Generator) -> dict[
     seconds_t = np.array([r.latency_s for r in timed], dtype=float)
     out_tokens = np.array([r.output_tokens for r in ok], dtype=float)
     nar = np.array([r.nar_tokens for r in ok], dtype=float)
+    drafted = np.array([r.drafted for r in ok], dtype=bool)
     out = {
         "jobs": len(records), "succeeded": len(ok), "failed": len(records) - len(ok),
         "checkpoints": dict(Counter(r.checkpoint for r in ok if r.checkpoint)),
         "success_rate": _estimate(np.mean, success, rng=rng),
+        "latency_mean_s": _estimate(np.mean, latency, rng=rng),
         "latency_p50_s": _estimate(lambda x: np.percentile(x, 50), latency, rng=rng),
         "latency_p95_s": _estimate(lambda x: np.percentile(x, 95), latency, rng=rng),
         "tokens_per_s": _estimate(_ratio, tokens_t, seconds_t, rng=rng),
-        "nar_acceptance": _estimate(_ratio, nar, out_tokens, rng=rng),
+        "nar_acceptance": _estimate(_ratio, nar[drafted], out_tokens[drafted], rng=rng) if drafted.any()
+        else {"value": None, "ci95": None, "n": 0, "na": "no job drafted: mode ar"},
         "output_tokens": _estimate(np.mean, out_tokens, rng=rng),
     }
     for key in ROUGE:
