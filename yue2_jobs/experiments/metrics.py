@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Sense = Literal["higher", "lower"] | None  # None: a difference is neither better nor worse
+Direction = Literal["better", "worse", "differs", "same"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ DIFFERENCES = {
 }
 
 
-def direction(metric: Metric, d: dict[str, Any]) -> Literal["better", "worse", "differs", "same"]:
+def direction(metric: Metric, d: dict[str, Any]) -> Direction:
     """How a difference (treatment - control) reads: `same` unless its 95 % interval excludes 0."""
     if not d.get("excludes_zero") or d.get("value") is None:
         return "same"
@@ -58,10 +59,10 @@ def estimate_text(e: dict[str, Any], fmt: str) -> str:
     return fmt.format(e["value"]) + (f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if ci else "")
 
 
-def verdicts(segment: dict[str, Any]) -> list[tuple[str, str]]:
+def verdicts(segment: dict[str, Any]) -> list[tuple[Direction, str]]:
     """One (direction, sentence) per difference whose interval excludes 0, e.g. ("better",
     "legal vs base: ROUGE-L +12.30 [10.10, 14.50] points, better")."""
-    out = []
+    out: list[tuple[Direction, str]] = []
     for comparison, diffs in segment["differences"].items():
         treatment, control = comparison.split(" - ", 1)
         for key, d in diffs.items():
