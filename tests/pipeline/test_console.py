@@ -1,7 +1,10 @@
 """The batch console (/ui) in a real browser: Debian's chromium, headless, driven by Playwright
 (never a downloaded browser). A batch under an A/B experiment runs on two echo workers while the
-page shows its progress reach 100 %, its per-variant and per-checkpoint breakdown, and the
-experiment's report; the screenshot goes to docs/console.png.
+page shows it waiting, then its progress reach 100 %, its name and whole id (copied by a button),
+its detail open by default (per-variant and per-checkpoint counts, the first failed lines), its
+throughput's final figure, and the experiment's report; a refused key and a sign-out leave no key
+behind. Screenshots go to docs/console-running.png, console-done.png, console-errors.png and
+console.png.
 
 Skipped locally when /usr/bin/chromium is absent; under CI=true it fails instead (.ci/run installs it).
 """
@@ -51,19 +54,37 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
     key = new_key(settings, f"t-{uuid.uuid4().hex[:8]}")
     client = Client(api.url, key)
     exp = client.create_experiment(variants=[{"variant": "base"}, {"variant": "legal"}], name="console check")
-    workers(**ECHO), workers("--variant", "legal", **ECHO)
     lines = "".join(f'{{"custom_id": "r{i}", "reference": "the tenant pays rent", "body": {{"input": "Document {i}: '
                     f'the parties agree to the terms of the contract, and the tenant pays rent monthly."}}}}\n'
                     for i in range(60))
+    lines += '{"custom_id": "empty", "body": {"input": ""}}\n'  # fails alone: the error preview shows it
     path = tmp_path / "requests.jsonl"
     path.write_text(lines)
-    batch = client.create_batch(client.upload(path)["id"], experiment_id=exp["id"])
-    page = browser.new_page(viewport={"width": 1360, "height": 900})
+    batch = client.create_batch(client.upload(path)["id"], experiment_id=exp["id"],
+                                metadata={"name": "nightly contracts"})
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=api.url)
+    page = context.new_page()
     page.goto(f"{api.url}/ui")
+    page.fill("#key", "yk-not-a-key")  # a refused key: back to the login, shown nowhere
+    page.click("button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("refused")
+    assert page.locator("#who").inner_text() == "" and page.evaluate("sessionStorage.length") == 0
     page.fill("#key", key)
     page.click("button[type=submit]")
+    row = page.locator(f'tr[data-batch="{batch["id"]}"]')
+    row.wait_for(timeout=20_000)
+    # No worker yet: the batch waits, and its detail is open by default (the newest batch).
+    expect(page.locator(f'[data-eta="{batch["id"]}"]')).to_have_text("waiting")
+    expect(page.locator("#detail-title")).to_have_text(f"nightly contracts · {batch['id']}")
+    assert "nightly contracts" in row.inner_text() and batch["id"] in row.inner_text()  # the whole id
+    row.locator("button.copy").click()
+    assert page.evaluate("navigator.clipboard.readText()") == batch["id"]
+    errors = page.locator("#errors tbody")
+    expect(errors).to_contain_text("empty")
+    expect(errors).to_contain_text("body.input is required for a summarize job and must not be empty")
+    workers(**ECHO), workers("--variant", "legal", **ECHO)
     progress = page.locator(f'[data-progress="{batch["id"]}"]')
-    progress.wait_for(timeout=20_000)
     seen = [progress.inner_text()]
     deadline = time.monotonic() + 180
     while seen[-1] != "100%":  # the page's own polling moves it; record each value it shows
@@ -71,19 +92,27 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
         page.wait_for_timeout(100)
         if progress.inner_text() != seen[-1]:
             seen.append(progress.inner_text())
+            if 20 < int(seen[-1].rstrip("%")) < 90 and not (ROOT / "docs" / "console-running.png").exists():
+                page.screenshot(path=str(ROOT / "docs" / "console-running.png"), full_page=True)
     assert any(0 < int(p.rstrip("%")) < 100 for p in seen), seen  # it moved while the batch ran
-    row = page.locator(f'tr[data-batch="{batch["id"]}"]')
     row.locator(".status.completed").wait_for(timeout=30_000)
-    assert "succeeded 60" in row.inner_text()
-    row.click()
-    page.locator("#by-variant tbody tr").nth(1).wait_for(timeout=10_000)
+    assert "succeeded 60" in row.inner_text() and "failed 1" in row.inner_text()
+    throughput = page.locator(f'[data-throughput="{batch["id"]}"]')
+    expect(throughput).to_contain_text("final")  # the batch's final average, which no longer moves
+    stats = client._json(client.http.get(f"/v1/batches/{batch['id']}/stats"))
+    per_min = stats["throughput_per_s"] * 60
+    assert throughput.inner_text().split("/min")[0] == (f"{per_min:.1f}" if per_min < 10 else f"{per_min:.0f}")
     variants = page.locator("#by-variant tbody").inner_text()
     assert "base" in variants and "legal" in variants
     assert "base@echo" in page.locator("#by-checkpoint").inner_text()
-    assert row.locator("a[data-file]").first.inner_text() == "output"
+    assert page.locator("#detail-files a[data-file]").first.inner_text() == "output"
+    page.screenshot(path=str(ROOT / "docs" / "console-done.png"), full_page=True)
+    page.locator("#errors-box").screenshot(path=str(ROOT / "docs" / "console-errors.png"))
     row.locator("a[data-report]").click()
     frame = page.frame_locator("#report-frame")
     expect(frame.locator("body")).to_contain_text("legal - base", timeout=60_000)  # the report's comparison
-    (ROOT / "docs").mkdir(exist_ok=True)
     page.screenshot(path=str(ROOT / "docs" / "console.png"), full_page=True)
+    page.click("#sign-out")  # the key leaves the tab and the header
+    expect(page.locator("#login")).to_be_visible()
+    assert page.locator("#who").inner_text() == "" and page.evaluate("sessionStorage.length") == 0
     print("progress seen on the page:", seen)

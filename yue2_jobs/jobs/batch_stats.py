@@ -1,10 +1,16 @@
 """What the batch console shows of one batch: counts by status, by variant and by checkpoint
-version, throughput and an ETA. One grouped query and one small time query."""
+version, its throughput and ETA, and its first failed lines. One grouped query, one time query and
+one small error query.
+
+Throughput is the batch's own average: the jobs that ran, over the time from the first job's
+start to now while it runs, or to the last job's finish once nothing is left (a final figure that
+no longer changes). The ETA is the jobs left at that rate; a batch none of whose jobs has started
+is `waiting` and has neither."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -12,9 +18,10 @@ from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.db.session import utcnow
+from yue2_jobs.jobs.batches import line_error
 from yue2_jobs.jobs.service import get_batch
 
-RATE_WINDOW_S = 60.0  # throughput is measured over the last minute
+ERRORS_SHOWN = 5  # failed lines the console previews
 
 
 def batch_stats(session: Session, *, tenant: str, batch_id: str) -> dict[str, Any]:
@@ -29,16 +36,36 @@ def batch_stats(session: Session, *, tenant: str, batch_id: str) -> dict[str, An
         by_variant[variant][status] += n
         if checkpoint is not None:
             by_checkpoint[checkpoint] += n
-    since = utcnow() - timedelta(seconds=RATE_WINDOW_S)
-    recent = session.execute(select(func.count()).where(
-        Job.batch_id == batch.id, Job.finished_at >= since,
-        Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)))).scalar_one()
     total = sum(by_status.values())
     remaining = by_status.get(JobStatus.QUEUED, 0) + by_status.get(JobStatus.RUNNING, 0)
-    per_s = recent / RATE_WINDOW_S
+    first_start, last_finish, ran = session.execute(select(
+        func.min(Job.started_at), func.max(Job.finished_at),
+        func.count().filter(Job.finished_at.is_not(None))).where(
+        Job.batch_id == batch.id, Job.started_at.is_not(None),
+        Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.RUNNING)))).one()
+    rate: dict[str, Any] = {"throughput_per_s": None, "eta_s": None, "rate": "waiting"}
+    if first_start is not None:
+        end = utcnow() if remaining or last_finish is None else last_finish
+        seconds = max((_aware(end) - _aware(first_start)).total_seconds(), 1e-3)
+        per_s = ran / seconds
+        rate = {"throughput_per_s": round(per_s, 3), "rate": "running" if remaining else "final",
+                "eta_s": (round(remaining / per_s, 1) if per_s > 0 else None) if remaining else 0}
     return {"object": "yue2.batch.stats", "id": batch.id, "status": batch.status, "total": total,
             "done": total - remaining, "by_status": dict(by_status),
             "by_variant": {v: dict(c) for v, c in sorted(by_variant.items())},
-            "by_checkpoint": dict(sorted(by_checkpoint.items())),
-            "throughput_per_s": round(per_s, 3),
-            "eta_s": round(remaining / per_s, 1) if remaining and per_s > 0 else (0 if not remaining else None)}
+            "by_checkpoint": dict(sorted(by_checkpoint.items())), **rate,
+            "errors_preview": _errors_preview(session, batch.id)}
+
+
+def _aware(t: datetime) -> datetime:
+    """SQLite hands back naive UTC datetimes, Postgres aware ones."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
+def _errors_preview(session: Session, batch_id: str) -> list[dict[str, Any]]:
+    """The first failed or cancelled lines (by custom_id) with their error code and message."""
+    rows = session.execute(select(Job.custom_id, Job.status, Job.error).where(
+        Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))
+        .order_by(Job.custom_id).limit(ERRORS_SHOWN)).all()
+    return [{"custom_id": c, "status": status, "code": line_error(err).get("code"),
+             "message": line_error(err).get("message")} for c, status, err in rows]

@@ -22,6 +22,11 @@ from yue2_jobs.storage import Storage
 from yue2_jobs.webhooks.events import emit
 
 
+def line_error(error: dict[str, Any] | None) -> dict[str, Any]:
+    """A line's error as its error-file line gives it; a line cancelled before it ran has none stored."""
+    return error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}
+
+
 def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
     request_id = f"batch_req_{job.id.removeprefix('job_')}"
     if job.status == JobStatus.SUCCEEDED:
@@ -32,7 +37,7 @@ def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
                                                        output_key=job.output_key))
         return True, {"id": request_id, "custom_id": job.custom_id, "error": None,
                       "response": {"status_code": 200, "request_id": job.id, "body": body}}
-    error = job.error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}
+    error = line_error(job.error)
     status_code = int(error.get("status_code", 500 if job.status == JobStatus.FAILED else 499))
     return False, {"id": request_id, "custom_id": job.custom_id,
                    "response": {"status_code": status_code, "request_id": job.id, "body": {"error": error}},
