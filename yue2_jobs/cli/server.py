@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -53,6 +54,18 @@ def _watchdog(args: argparse.Namespace) -> None:
     run(settings(), once=args.once)
 
 
+# A worker runs one micro-batch at a time (solo pool) and answers Flower's inspect commands
+# between batches: give it longer than Flower's 1 s default to finish one.
+INSPECT_TIMEOUT_MS = 5000
+
+
+def _busy_worker_filter(record: logging.LogRecord) -> bool:
+    """Drop Flower's "Inspect method X failed" for a command no worker answered in time: a worker
+    busy with a batch (or loading its model) answers later, and Flower keeps what it last said.
+    A failure with a cause (a broker error) still logs."""
+    return not (record.msg == "Inspect method %s failed" and len(record.args or ()) == 1)
+
+
 def _flower(args: argparse.Namespace) -> None:
     s = settings()
     auth = args.basic_auth or s.flower_basic_auth
@@ -65,8 +78,9 @@ def _flower(args: argparse.Namespace) -> None:
     # Flower inspects workers with several commands at once, each holding a pooled connection
     # beside its event receiver: the workers' small pool would leave it waiting forever.
     app.conf.broker_pool_limit = 32
+    logging.getLogger("flower.inspector").addFilter(_busy_worker_filter)
     argv = ["flower", f"--port={args.port or s.flower_port}", f"--address={args.address}",
-            f"--basic-auth={auth}", "--persistent=False"]
+            f"--basic-auth={auth}", "--persistent=False", f"--inspect_timeout={INSPECT_TIMEOUT_MS}"]
     app.start(argv)
 
 
