@@ -151,6 +151,11 @@ class Supervisor:
         log.info("started %s (pid %d) on CPUs %s%s", run.spec.name, run.proc.pid, _cpus_text(run.spec.cpus),
                  "" if run.spec.numa_node is None else f", NUMA node {run.spec.numa_node}")
 
+    def stop_on_signals(self) -> None:
+        """SIGTERM and SIGINT (Ctrl-C) both start the warm shutdown."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
     def request_stop(self, *_: object) -> None:
         self.stop.set()
 
@@ -219,6 +224,5 @@ def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float,
         log.warning("numactl is not installed: CPU affinity is set, but memory is not bound to the NUMA node")
     log.info("%d GPU(s); starting %d worker process(es) for %s", len(gpus), len(children), variant)
     sup = Supervisor(children, max_backoff_s=max_backoff_s, ready_file=ready_file)
-    signal.signal(signal.SIGTERM, sup.request_stop)
-    signal.signal(signal.SIGINT, sup.request_stop)
+    sup.stop_on_signals()
     return sup.run()

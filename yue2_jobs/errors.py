@@ -81,7 +81,12 @@ class ServiceUnavailableError(PipelineError):
 
 
 class StorageError(PipelineError):
-    """Raised when the object store fails permanently (missing bucket, access denied, missing key)."""
+    """Raised when the object store fails permanently (missing bucket, access denied, missing key).
+    `summary`: the problem without names or paths, for an unauthenticated health check."""
+
+    def __init__(self, message: str, *, summary: str = "storage error") -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class StorageUnavailableError(StorageError):

@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 from urllib.parse import unquote, urlparse
 
 from yue2_jobs.errors import StorageError, StorageUnavailableError
@@ -74,9 +74,11 @@ class LocalStorage:
 
     def check(self) -> None:
         if not self.root.is_dir():
-            raise StorageError(f"storage directory {str(self.root)!r} does not exist or is not a directory")
+            raise StorageError(f"storage directory {str(self.root)!r} does not exist or is not a directory",
+                               summary="the storage directory does not exist")
         if not os.access(self.root, os.W_OK | os.X_OK):
-            raise StorageError(f"storage directory {str(self.root)!r} is not writable by this process")
+            raise StorageError(f"storage directory {str(self.root)!r} is not writable by this process",
+                               summary="the storage directory is not writable")
 
     def list_keys(self, prefix: str) -> list[str]:
         """Keys under `prefix` (a folder-like prefix ending in /), sorted; in-flight temporaries excluded."""
@@ -112,14 +114,14 @@ def _translate_boto(key: str, bucket: str | None = None) -> Iterator[None]:
     except (EndpointConnectionError, ConnectionError) as exc:
         raise StorageUnavailableError(f"S3 unreachable while accessing {key!r}: {exc}") from exc
     except NoCredentialsError as exc:  # a setup problem, named with its fix
-        raise StorageError(NO_CREDENTIALS) from exc
+        raise StorageError(NO_CREDENTIALS, summary="S3 credentials not found") from exc
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code in {"SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable", "503", "500"}:
             raise StorageUnavailableError(f"S3 {code} on {key!r}") from exc
         if code == "NoSuchBucket" and bucket is not None:
-            raise StorageError(no_bucket(bucket)) from exc
-        raise StorageError(f"S3 {code or 'error'} on {key!r}: {exc}") from exc
+            raise StorageError(no_bucket(bucket), summary="the S3 bucket does not exist") from exc
+        raise StorageError(f"S3 {code or 'error'} on {key!r}: {exc}", summary=f"S3 {code or 'error'}") from exc
     except BotoCoreError as exc:
         raise StorageUnavailableError(f"S3 client error on {key!r}: {exc}") from exc
 
@@ -131,6 +133,8 @@ class S3Storage:
         from botocore.config import Config
 
         self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.endpoint_url, self.region = endpoint_url, region
+        self._probe_client: Any = None
         self.client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region,
                                    config=Config(retries={"max_attempts": 5, "mode": "standard"},
                                                  max_pool_connections=32))
@@ -166,11 +170,22 @@ class S3Storage:
 
         with _translate_boto("(bucket check)", self.bucket):
             try:
-                self.client.head_bucket(Bucket=self.bucket)
+                self._probe().head_bucket(Bucket=self.bucket)
             except ClientError as exc:  # HEAD has no body: a missing bucket is a bare 404
                 if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
-                    raise StorageError(no_bucket(self.bucket)) from exc
+                    raise StorageError(no_bucket(self.bucket), summary="the S3 bucket does not exist") from exc
                 raise
+
+    def _probe(self) -> Any:
+        """A client for health checks: one attempt, short timeouts (the data client retries 5 times)."""
+        if self._probe_client is None:
+            import boto3
+            from botocore.config import Config
+
+            self._probe_client = boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
+                                              config=Config(retries={"max_attempts": 1}, connect_timeout=3,
+                                                            read_timeout=3))
+        return self._probe_client
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []

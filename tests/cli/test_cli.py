@@ -4,6 +4,7 @@ units), and a failing command prints one line that says what to do, never a trac
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,13 @@ def test_every_argument_has_help_and_shows_its_default() -> None:
         if not action.help:
             missing.append(name)
             continue
-        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS):
-            # Every parser's formatter appends "(default: ...)" unless the help already names it.
-            shown = parser.formatter_class(path)._get_help_string(action)  # type: ignore[attr-defined]
-            if "default" not in (shown or ""):
+        default = action.default
+        if action.option_strings and not (default is None or default is False or default == ""):
+            # What --help prints for the option must name its default (0 included).
+            text = " ".join(parser.format_help().split())
+            rest = text[text.rfind(action.option_strings[-1] + " ") + len(action.option_strings[-1]):]  # after usage
+            following = re.search(r" -{1,2}[a-z][\w-]* ", rest)  # where the next option's entry starts
+            if "default" not in rest[: following.start() if following else None]:
                 no_default.append(name)
     assert not missing, f"arguments without help: {missing}"
     assert not no_default, f"defaults not shown: {no_default}"

@@ -3,8 +3,8 @@
 page shows it waiting, then its progress reach 100 %, its name and whole id (copied by a button),
 its detail open by default (per-variant and per-checkpoint counts, the first failed lines), its
 throughput's final figure, and the experiment's report; a refused key and a sign-out leave no key
-behind. Screenshots go to docs/console-running.png, console-done.png, console-errors.png and
-console.png.
+behind. With YUE2_UPDATE_SCREENSHOTS=1 the screenshots go to docs/ (console-running.png,
+console-errors.png, console.png); otherwise to the test's temporary directory.
 
 Skipped locally when /usr/bin/chromium is absent; under CI=true it fails instead (.ci/run installs it).
 """
@@ -84,6 +84,9 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
     expect(errors).to_contain_text("empty")
     expect(errors).to_contain_text("body.input is required for a summarize job and must not be empty")
     workers(**ECHO), workers("--variant", "legal", **ECHO)
+    # Screenshots land in docs/ only when asked, so a test run leaves the tree as it was.
+    shots = ROOT / "docs" if os.environ.get("YUE2_UPDATE_SCREENSHOTS") == "1" else tmp_path
+    running_shot = False
     progress = page.locator(f'[data-progress="{batch["id"]}"]')
     seen = [progress.inner_text()]
     deadline = time.monotonic() + 180
@@ -92,8 +95,9 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
         page.wait_for_timeout(100)
         if progress.inner_text() != seen[-1]:
             seen.append(progress.inner_text())
-            if 20 < int(seen[-1].rstrip("%")) < 90 and not (ROOT / "docs" / "console-running.png").exists():
-                page.screenshot(path=str(ROOT / "docs" / "console-running.png"), full_page=True)
+            if 20 < int(seen[-1].rstrip("%")) < 90 and not running_shot:
+                page.screenshot(path=str(shots / "console-running.png"), full_page=True)
+                running_shot = True
     assert any(0 < int(p.rstrip("%")) < 100 for p in seen), seen  # it moved while the batch ran
     row.locator(".status.completed").wait_for(timeout=30_000)
     assert "succeeded 60" in row.inner_text() and "failed 1" in row.inner_text()
@@ -106,12 +110,16 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
     assert "base" in variants and "legal" in variants
     assert "base@echo" in page.locator("#by-checkpoint").inner_text()
     assert page.locator("#detail-files a[data-file]").first.inner_text() == "output"
-    page.screenshot(path=str(ROOT / "docs" / "console-done.png"), full_page=True)
-    page.locator("#errors-box").screenshot(path=str(ROOT / "docs" / "console-errors.png"))
+    page.locator("#errors-box").screenshot(path=str(shots / "console-errors.png"))
     row.locator("a[data-report]").click()
     frame = page.frame_locator("#report-frame")
     expect(frame.locator("body")).to_contain_text("legal - base", timeout=60_000)  # the report's comparison
-    page.screenshot(path=str(ROOT / "docs" / "console.png"), full_page=True)
+    page.screenshot(path=str(shots / "console.png"), full_page=True)
+    # The report on its own fits a 1,280-pixel window.
+    report = context.new_page()
+    report.set_viewport_size({"width": 1280, "height": 800})
+    report.set_content(client.experiment_report_html(exp["id"]))
+    assert report.evaluate("document.documentElement.scrollWidth") <= 1280
     page.click("#sign-out")  # the key leaves the tab and the header
     expect(page.locator("#login")).to_be_visible()
     assert page.locator("#who").inner_text() == "" and page.evaluate("sessionStorage.length") == 0

@@ -3,12 +3,15 @@ fresh checkout's point of view (the venv exists: `make test` made it), against t
 and Redis with a scratch database and Redis database of this test's own. Two things differ from a
 person at a terminal, both here in the open: `make test` runs as `make -n test` (this test is part
 of `make test`; running it would recurse), and `make demo` submits 8 summaries instead of 200.
-Blocks marked `sh docker` need Docker and are the only ones skipped."""
+Blocks marked `sh docker` need Docker and are the only ones skipped. The environment points the
+commands at this test's own database, Redis database, ports and temporary directory (variables
+the README's commands read), so the run never meets another test's state."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import uuid
@@ -38,6 +41,17 @@ def test_the_readme_has_its_two_commands_first_and_stays_short() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) < 250
 
 
+def test_the_readmes_own_model_settings_are_valid(tmp_path: Path) -> None:
+    """The README's way to serve a converted model: its variables, as written, make valid settings."""
+    from yue2_jobs.core.config import Settings
+
+    line = re.search(r"`(YUE2_CHECKPOINTS='[^']+' YUE2_DEFAULT_VARIANT=\w+)`", (ROOT / "README.md").read_text())
+    assert line is not None
+    env = dict(part.split("=", 1) for part in shlex.split(line.group(1)))
+    settings = Settings(**{k.removeprefix("YUE2_").lower(): v for k, v in env.items()}, home=tmp_path)
+    assert settings.default_variant in settings.checkpoints
+
+
 def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp_path: Path) -> None:
     blocks = [body for info, body in readme_blocks() if info != "sh docker"]
     assert len(blocks) >= 5 and any("yue2 stack up" in b for b in blocks)
@@ -61,6 +75,7 @@ def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp
         for custom_id in ("pool", "retry"):  # `yue2 results` printed one output line for each
             assert out.count(f'"custom_id": "{custom_id}", "error": null, "response": {{"status_code": 200') == 1
         assert '"status": "succeeded"' in out  # the curl job
+        assert out.count('"decoding": {"mode": "') == 2  # an output line's mode where a job's view has it
         assert "stack: stopped moto" in out
         assert "Traceback" not in out, out[-4000:]
     finally:

@@ -109,12 +109,11 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
     out = tmp_path / "children.log"
     script = tmp_path / "sup.py"
     script.write_text(
-        "import json, signal, sys\n"
+        "import json, sys\n"
         "from workers.launcher import ChildSpec, Supervisor\n"
         f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
         f"sup = Supervisor(kids, **{kw!r})\n"
-        "signal.signal(signal.SIGTERM, sup.request_stop)\n"
-        "signal.signal(signal.SIGINT, sup.request_stop)\n"
+        "sup.stop_on_signals()\n"  # what launch() calls
         "sys.exit(sup.run())\n")
     probes = tmp_path / "probes"
     probes.mkdir()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,10 +31,13 @@ from yue2_jobs.errors import (
     NotFoundError,
     PipelineError,
     StorageError,
+    StorageUnavailableError,
 )
 from yue2_jobs.jobs.capacity import unserved
 from yue2_jobs.queue import make_celery
 from yue2_jobs.storage import storage_from_url
+
+log = logging.getLogger("yue2.api")
 
 
 def _pipeline_error(_: Request, exc: Exception) -> JSONResponse:
@@ -119,8 +123,14 @@ def _health(state: AppState) -> JSONResponse:
     try:
         state.storage.check()
         checks["storage"] = "ok"
+    except StorageUnavailableError as exc:
+        log.warning("health check: %s", exc)
+        checks["storage"] = "error: unreachable"
+    except StorageError as exc:  # the summary names no bucket or path: /healthz answers anyone
+        log.warning("health check: %s", exc)
+        checks["storage"] = f"error: {exc.summary} (the API's log says which and how to fix it)"
     except Exception as exc:
-        checks["storage"] = f"error: {exc}"
+        checks["storage"] = f"error: {type(exc).__name__}"
     try:
         with state.celery.connection_for_write() as conn:
             conn.ensure_connection(max_retries=1, timeout=2)

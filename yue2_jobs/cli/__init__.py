@@ -19,7 +19,9 @@ class HelpWithDefaults(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         shown = action.option_strings or action.nargs in ("?", "*")
-        if shown and "default" not in text and action.default not in (None, False, "", argparse.SUPPRESS):
+        default = action.default
+        absent = default is None or default is False or default == "" or default is argparse.SUPPRESS  # 0 is a default
+        if shown and "default" not in text and not absent:
             text += " (default: %(default)s)"
         return text
 

@@ -38,7 +38,7 @@ def _wait(args: argparse.Namespace) -> None:
 
     c = client(args)
     is_batch = args.id.startswith("batch_")
-    with tqdm(total=None, unit="req" if is_batch else "job", desc=args.id[:18], file=sys.stderr) as bar:
+    with tqdm(total=None, unit="req" if is_batch else "job", desc=args.id, file=sys.stderr) as bar:
         def update(state: dict[str, Any]) -> None:
             if is_batch:
                 counts = state["request_counts"]

@@ -47,10 +47,16 @@ def _database(url: str) -> None:
             conn.execute(text("SELECT 1"))
         return
     except OperationalError as exc:
-        if "does not exist" not in str(exc.orig):
-            raise StackError(f"cannot reach Postgres at {make_url(url).render_as_string(hide_password=True)}: "
-                             f"{str(exc.orig).strip().splitlines()[0]}; start it (e.g. `sudo service postgresql "
-                             f"start`) or pass --database-url") from None
+        where, reason = make_url(url).render_as_string(hide_password=True), str(exc.orig).strip()
+        if f'database "{make_url(url).database}" does not exist' in reason:
+            pass  # created below
+        elif "authentication failed" in reason or "no password supplied" in reason or "role" in reason:
+            raise StackError(f"Postgres at {where} refused the login ({reason.splitlines()[-1]}): pass a "
+                             f"--database-url with a user and password it accepts, or allow that user (pg_hba.conf)"
+                             ) from None
+        else:
+            raise StackError(f"cannot reach Postgres at {where}: {reason.splitlines()[0]}; start it (e.g. "
+                             f"`sudo service postgresql start`) or pass --database-url") from None
     name = make_url(url).database
     with create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT").connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -100,6 +106,13 @@ def _moto(port: int, state: Path) -> str:
     return endpoint
 
 
+def _port_from_env() -> int:
+    value = os.environ.get("YUE2_STACK_S3_PORT", "5000")
+    if not value.isdigit() or not 0 < int(value) < 65536:
+        raise StackError(f"YUE2_STACK_S3_PORT={value!r} is not a port number")
+    return int(value)
+
+
 def _bucket(endpoint: str, bucket: str) -> None:
     import boto3
 
@@ -123,7 +136,8 @@ def _up(args: argparse.Namespace) -> None:
     _say("database ok")
     _redis(broker)
     _say("Redis ok")
-    endpoint = _moto(args.s3_port, s.home / "stack")
+    port = args.s3_port or _port_from_env()
+    endpoint = _moto(port, s.home / "stack")
     _bucket(endpoint, args.bucket)
     upgrade_head(db)
     _say("database migrated")
@@ -160,8 +174,8 @@ def add_commands(sub: Any) -> None:
                          f"{DEFAULT_DATABASE})")
     up.add_argument("--broker-url", default=None,
                     help=f"Redis URL (default: YUE2_BROKER_URL when it is Redis, else {DEFAULT_BROKER})")
-    up.add_argument("--s3-port", type=int, default=int(os.environ.get("YUE2_STACK_S3_PORT", "5000")),
-                    help="loopback port of the moto S3 server (default: YUE2_STACK_S3_PORT, else %(default)s)")
+    up.add_argument("--s3-port", type=int, default=None,
+                    help="loopback port of the moto S3 server (default: YUE2_STACK_S3_PORT, else 5000)")
     up.add_argument("--bucket", default="yue2", help="the S3 bucket outputs go to")
     up.add_argument("--tenant", default="me", help="the tenant of the API key it creates")
     up.set_defaults(func=_up)

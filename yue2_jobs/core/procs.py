@@ -17,17 +17,28 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
+
+
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:  # not Linux
+        return None
+
+
+# Resolved here, in the parent: `preexec_fn` runs between fork and exec, where loading a library
+# (dlopen) can deadlock on a lock another thread of the parent held at the fork.
+_PRCTL = _libc_prctl()
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
     """Ask the kernel to send `sig` to this process when its parent dies (even by SIGKILL). For
     `preexec_fn` (between fork and exec) or a pool initializer; a no-op off Linux."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
-    except OSError:
-        pass
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, sig)
 
 
 def _exit(signum: int, _frame: FrameType | None) -> None:

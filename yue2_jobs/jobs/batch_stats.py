@@ -63,7 +63,8 @@ def _aware(t: datetime) -> datetime:
 
 
 def _errors_preview(session: Session, batch_id: str) -> list[dict[str, Any]]:
-    """The first failed or cancelled lines (by custom_id) with their error code and message."""
+    """The first failed or cancelled lines by custom_id (a string order), with their error code and
+    message."""
     rows = session.execute(select(Job.custom_id, Job.status, Job.error).where(
         Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))
         .order_by(Job.custom_id).limit(ERRORS_SHOWN)).all()
