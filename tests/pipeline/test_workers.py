@@ -64,7 +64,7 @@ def test_flower_lists_workers_and_counters_rise(client: Any, workers: Any, pipel
 
         def get(url: str, **kw: Any) -> httpx.Response | None:
             try:
-                return httpx.get(url, timeout=5, **kw)
+                return httpx.get(url, timeout=15, **kw)  # Flower waits up to 5 s per inspect command
             except httpx.TransportError:
                 return None
 
