@@ -5,7 +5,9 @@ person at a terminal, both here in the open: `make test` runs as `make -n test` 
 of `make test`; running it would recurse), and `make demo` submits 8 summaries instead of 200.
 Blocks marked `sh docker` need Docker and are the only ones skipped. The environment points the
 commands at this test's own database, Redis database, ports and temporary directory (variables
-the README's commands read), so the run never meets another test's state."""
+the README's commands read), so the run never meets another test's state, and it runs beside the
+other tests rather than in the serial server phase. `make demo` here is also the test of the
+embedded demo end to end."""
 
 from __future__ import annotations
 
@@ -21,9 +23,10 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from tests.pipeline.conftest import PG_ADMIN_URL, free_port
+from tests.pipeline.conftest import PG_ADMIN_URL, _unavailable, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # real services and subprocesses: not in `make test-fast`
+ROOT = Path(__file__).resolve().parents[1]
 REDIS_DB = 12  # no other test uses it
 PRELUDE = """set -euo pipefail
 make() { if [ "$*" = "test" ]; then command make -n test; else command make "$@"; fi; }
@@ -54,7 +57,20 @@ def test_the_readmes_own_model_settings_are_valid(tmp_path: Path, monkeypatch: p
     assert settings.default_variant == "cnn" and settings.default_variant in settings.checkpoints
 
 
-def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp_path: Path) -> None:
+def _servers() -> None:
+    """Postgres and Redis on 127.0.0.1: skipped locally without them, a failure under CI=true."""
+    try:
+        create_engine(PG_ADMIN_URL).connect().close()
+    except Exception as exc:
+        _unavailable("Postgres at 127.0.0.1:5432", exc)
+    try:
+        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}", socket_connect_timeout=2).ping()
+    except Exception as exc:
+        _unavailable("Redis at 127.0.0.1:6379", exc)
+
+
+def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
+    _servers()
     blocks = [body for info, body in readme_blocks() if info != "sh docker"]
     assert len(blocks) >= 5 and any("yue2 stack up" in b for b in blocks)
     script = tmp_path / "readme.sh"
@@ -79,6 +95,10 @@ def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp
         assert '"status": "succeeded"' in out  # the curl job
         assert out.count('"decoding": {"mode": "') == 2  # an output line's mode where a job's view has it
         assert "stack: stopped moto" in out
+        # `make demo` (8 summaries): the embedded pipeline ran every job, on both variants.
+        assert "SQLite database, filesystem queue, local storage" in out
+        assert out.split("p50 job latency s\n", 1)[1].split()[:2] == ["8", "0"]  # jobs succeeded, failed
+        assert "base@" in out and "legal@" in out
         assert "Traceback" not in out, out[-4000:]
     finally:
         if proc.poll() is None:
@@ -86,7 +106,7 @@ def test_every_command_block_of_the_readme_runs(pg_url: str, redis_url: str, tmp
         # `yue2 stack up` starts moto in a session of its own; `yue2 stack down` stops it, unless
         # the script failed before it.
         subprocess.run(["pkill", "-f", f"moto_server -H 127.0.0.1 -p {env['YUE2_STACK_S3_PORT']}"], check=False)
-        redis.Redis.from_url(redis_url.rsplit("/", 1)[0] + f"/{REDIS_DB}").flushdb()
+        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}").flushdb()
         admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
