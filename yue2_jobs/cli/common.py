@@ -17,9 +17,13 @@ def settings() -> Settings:
     return settings_or_exit("yue2")
 
 
-def add_client_args(p: argparse.ArgumentParser) -> None:
+def add_api_url(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"),
                    help="the API's base URL, without /v1 (default: YUE2_API_URL, else %(default)s)")
+
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    add_api_url(p)
     p.add_argument("--api-key", default=None, help="default: $YUE2_API_KEY")
 
 

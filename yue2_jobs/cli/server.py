@@ -7,11 +7,10 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import time
 from typing import Any
 
-from yue2_jobs.cli.common import settings
+from yue2_jobs.cli.common import add_api_url, settings
 
 
 def _migrate(args: argparse.Namespace) -> None:
@@ -115,8 +114,7 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=_api)
     p = sub.add_parser("health", help="print the API's /healthz (database, broker, storage); exit 1 unless ok")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to keep asking until it answers ok")
-    p.add_argument("--api-url", default=os.environ.get("YUE2_API_URL", "http://127.0.0.1:8000"),
-                   help="the API's base URL (default: YUE2_API_URL, else %(default)s)")
+    add_api_url(p)
     p.set_defaults(func=_health)
     p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
     p.add_argument("--once", action="store_true", help="one pass, then exit")

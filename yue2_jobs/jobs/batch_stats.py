@@ -68,5 +68,6 @@ def _errors_preview(session: Session, batch_id: str) -> list[dict[str, Any]]:
     rows = session.execute(select(Job.custom_id, Job.status, Job.error).where(
         Job.batch_id == batch_id, Job.status.in_((JobStatus.FAILED, JobStatus.CANCELLED)))
         .order_by(Job.custom_id).limit(ERRORS_SHOWN)).all()
-    return [{"custom_id": c, "status": status, "code": line_error(err).get("code"),
-             "message": line_error(err).get("message")} for c, status, err in rows]
+    errors = [(c, status, line_error(err)) for c, status, err in rows]
+    return [{"custom_id": c, "status": status, "code": e.get("code"), "message": e.get("message")}
+            for c, status, e in errors]
