@@ -23,7 +23,7 @@ import pytest
 import redis
 from sqlalchemy import create_engine, text
 
-from tests.pipeline.conftest import PG_ADMIN_URL, _unavailable, free_port
+from tests.pipeline.conftest import PG_ADMIN_URL, free_port, service_unavailable
 
 pytestmark = pytest.mark.slow  # real services and subprocesses: not in `make test-fast`
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +62,11 @@ def _servers() -> None:
     try:
         create_engine(PG_ADMIN_URL).connect().close()
     except Exception as exc:
-        _unavailable("Postgres at 127.0.0.1:5432", exc)
+        service_unavailable("Postgres at 127.0.0.1:5432", exc)
     try:
         redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}", socket_connect_timeout=2).ping()
     except Exception as exc:
-        _unavailable("Redis at 127.0.0.1:6379", exc)
+        service_unavailable("Redis at 127.0.0.1:6379", exc)
 
 
 def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs import dead_workers
-from yue2_jobs.jobs.reconciler import reconcile_once
+from yue2_jobs.jobs.reconciler import reconcile_once, reconciler_lock
 from yue2_jobs.jobs.state import renew_leases
 from yue2_jobs.queue import make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
@@ -72,16 +72,22 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
     return thread
 
 
-def _housekeeping(settings: Settings, *, sessions: Any, storage: Any, app: Any, stop: threading.Event) -> None:
-    """The reconciler (one pass at a time across workers) and the webhook sender, each a thread."""
+def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any, app: Any,
+                  stop: threading.Event) -> None:
+    """The reconciler (run by the one worker that holds its lock) and the webhook sender, each a thread."""
     last_pass: list[float] = []  # when this process's last pass went through
+    lock = reconciler_lock(settings.resolved_database_url, node=node)
 
     def reconcile() -> None:
+        if not lock.held():
+            last_pass.clear()
+            return
         # Silent workers are reaped only when this process reached the database on its previous pass
-        # too: after an outage every worker's status row is stale, and they report within seconds.
+        # too: after an outage (or on taking over the lock) every status row may be stale, and live
+        # workers report within seconds.
         reap = bool(last_pass) and time.monotonic() - last_pass[-1] < 3 * settings.reconcile_interval_s
         with sessions() as session:
-            reconcile_once(session, settings=settings, celery_app=app, storage=storage, reap_dead=reap)
+            reconcile_once(session, settings=settings, celery_app=app, storage=storage, reap_dead=reap, locked=True)
         last_pass[:] = [time.monotonic()]
 
     _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
@@ -102,6 +108,17 @@ def _announce(ctx: Any, settings: Settings, *, variant: str) -> None:
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
 
 
+def _warn_if_host_local(settings: Settings) -> None:
+    """On Redis a worker may be one of several hosts; a directory is only this host's."""
+    if settings.broker_url.startswith("filesystem"):
+        return  # the embedded mode: one host by design
+    for what, url in (("YUE2_STORAGE_URL (job outputs)", settings.resolved_storage_url),
+                      ("YUE2_CHECKPOINT_STORE_URL (published versions)", settings.resolved_checkpoint_store_url)):
+        if url.startswith("file:"):
+            log.warning("%s is a directory on this host (%s): the API and workers on other hosts cannot read "
+                        "it; use s3:// when the pipeline runs on more than one host", what, url)
+
+
 def _alive(pid: int) -> bool:
     """Whether process `pid` runs on this host (a zombie, dead but not yet reaped, does not)."""
     try:
@@ -116,19 +133,30 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _refuse_a_live_namesake(session: Any, node: str) -> None:
-    """Exit if a live process on this host already serves `node` (two launchers of one variant on one
-    host without their own --host): releasing its claims would rerun its jobs under its feet."""
+def refuse_a_live_namesake(session: Any, node: str) -> None:
+    """Exit if a live process already serves `node`: releasing its claims would rerun its jobs under
+    its feet. On this host (the row's pid is in our process table) the pid tells; a row another host
+    wrote (two hosts with one hostname, e.g. cloned images) is live while it reports."""
+    from yue2_jobs.core.procs import pid_space
     from yue2_jobs.db.models import WorkerProcess
+    from yue2_jobs.db.session import as_utc, utcnow
+    from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 
     row = session.get(WorkerProcess, node)
     session.commit()
-    if row is None or row.pid == os.getpid():
+    if row is None:
         return
-    if not _alive(row.pid):
-        return  # gone: the launcher restarted this name, and what it left is released next
-    raise SystemExit(f"worker node name {node!r} is already served by the live process {row.pid}; give each "
-                     f"launcher on this host its own --host")
+    if row.pid_space in (None, pid_space()):  # this host's (None: written before pid spaces were kept)
+        if row.pid == os.getpid() or not _alive(row.pid):
+            return  # gone: the launcher restarted this name, and what it left is released next
+        raise SystemExit(f"worker node name {node!r} is already served by the live process {row.pid}; give each "
+                         f"launcher on this host its own --host")
+    age = (utcnow() - as_utc(row.heartbeat_at)).total_seconds()
+    if age > LIVE_WITHIN_S:
+        return  # its host went away; what it left is released next
+    raise SystemExit(f"worker node name {node!r} is in use by a worker on another host (pid {row.pid} there, "
+                     f"reported {age:.0f}s ago): node names must be unique across hosts; give this host its "
+                     f"own hostname, or its launcher --host")
 
 
 def _report_loop(ctx: Any, *, sessions: Any, variant: str, directory_for: Any, stop: threading.Event) -> None:
@@ -162,6 +190,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
+    _warn_if_host_local(settings)
     sessions = session_factory(settings.resolved_database_url)
     storage = storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                region=settings.s3_region)
@@ -169,7 +198,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     # One process per node name at a time (the launcher restarts a dead child under its name): what
     # an earlier holder of this name left is released now, before the model loads.
     with sessions() as session:
-        _refuse_a_live_namesake(session, node)
+        refuse_a_live_namesake(session, node)
         dead_workers.release(session, settings=settings, celery_app=app, worker=node)
     held = HeldDeliveries(settings.broker_url, node)
     held.connect()
@@ -210,7 +239,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     threading.Thread(target=_report_loop, args=(ctx,), kwargs={"sessions": sessions, "variant": variant,
                      "directory_for": directory_for, "stop": stop}, name="status-report", daemon=True).start()
     if reconcile:
-        _housekeeping(settings, sessions=sessions, storage=storage, app=app, stop=stop)
+        _housekeeping(settings, node=node, sessions=sessions, storage=storage, app=app, stop=stop)
     try:
         # --concurrency 1: the prefetch window is multiplier x concurrency, and Celery would take the
         # CPU count for a solo pool's concurrency.

@@ -22,6 +22,8 @@ from typing import Any
 
 from celery.worker.control import control_command
 
+from yue2_jobs.core.procs import pid_space
+
 log = logging.getLogger("yue2.swap")
 
 
@@ -33,10 +35,12 @@ def report(session: Any, ctx: Any, *, name: str) -> str | None:
 
     swap = dict(ctx.swap_status)
     values = dict(variant=ctx.runner.variant, checkpoint=ctx.runner.checkpoint,
-                  weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(), swap_version=swap.get("version"),
-                  swap_state=swap.get("state"), swap_error=swap.get("error"), heartbeat_at=utcnow())
+                  weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(), pid_space=pid_space(),
+                  swap_version=swap.get("version"), swap_state=swap.get("state"), swap_error=swap.get("error"),
+                  heartbeat_at=utcnow())
     row = session.get(WorkerProcess, name)
-    if row is None or row.pid != os.getpid():  # new, or left by an earlier process of this name
+    if row is None or (row.pid, row.pid_space) != (os.getpid(), values["pid_space"]):
+        # new, or left by an earlier process of this name
         session.merge(WorkerProcess(name=name, swap_request=None, **values))
         request = None
     else:
@@ -53,8 +57,8 @@ def swap_request(session: Any, *, name: str) -> str | None:
 
     from yue2_jobs.db.models import WorkerProcess
 
-    return session.execute(select(WorkerProcess.swap_request).where(WorkerProcess.name == name,
-                                                                    WorkerProcess.pid == os.getpid())).scalar()
+    return session.execute(select(WorkerProcess.swap_request).where(
+        WorkerProcess.name == name, WorkerProcess.pid == os.getpid(), WorkerProcess.pid_space == pid_space())).scalar()
 
 
 def start_swap(ctx: Any, *, variant: str, version: str, directory_for: Any) -> dict[str, Any]:
@@ -80,7 +84,8 @@ def withdraw(session: Any, *, name: str) -> None:
 
     from yue2_jobs.db.models import WorkerProcess
 
-    session.execute(delete(WorkerProcess).where(WorkerProcess.name == name, WorkerProcess.pid == os.getpid()))
+    session.execute(delete(WorkerProcess).where(WorkerProcess.name == name, WorkerProcess.pid == os.getpid(),
+                                                WorkerProcess.pid_space == pid_space()))
     session.commit()
 
 

@@ -29,7 +29,7 @@ PG_ADMIN_URL = os.environ.get("YUE2_TEST_PG", "postgresql+psycopg://postgres@127
 REDIS_URL = os.environ.get("YUE2_TEST_REDIS", "redis://127.0.0.1:6379/3")
 
 
-def _unavailable(what: str, exc: BaseException) -> None:
+def service_unavailable(what: str, exc: BaseException) -> None:
     message = f"{what} is not reachable: {exc}"
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: real-service tests must run)")
@@ -59,7 +59,7 @@ def temporary_pg_database(prefix: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:
-        _unavailable("Postgres at 127.0.0.1:5432", exc)
+        service_unavailable("Postgres at 127.0.0.1:5432", exc)
     url = PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     try:
         yield url
@@ -86,7 +86,7 @@ def redis_url() -> str:
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
     except Exception as exc:
-        _unavailable("Redis at 127.0.0.1:6379", exc)
+        service_unavailable("Redis at 127.0.0.1:6379", exc)
     return REDIS_URL
 
 

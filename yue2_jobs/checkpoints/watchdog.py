@@ -12,6 +12,8 @@ Each pass, for every configured variant:
    previous version is re-activated, so the next pass brings any swapped worker back.
 
 `yue2 checkpoints activate` / `rollback` only change the registry: the next pass converges.
+Several watchdogs (on several hosts, for availability) take turns by a Postgres advisory lock: one
+runs the passes, the others stand by (`watchdog_lock`).
 Passes run every `YUE2_WATCHDOG_INTERVAL_S` seconds; a local store is also watched with the
 `watchdog` library (inotify), so a finished upload starts a pass at once.
 """
@@ -29,6 +31,7 @@ from sqlalchemy import select, update
 
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import RougeGate, validate_version
+from yue2_jobs.db.leader import LeaderLock, lock_holder
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import WorkerGoneError
@@ -36,6 +39,7 @@ from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 from yue2_jobs.model.checkpoint import manifest_version
 
 log = logging.getLogger("yue2.watchdog")
+LOCK_KEY = 0x59554533  # one watchdog at a time across hosts (next to the reconciler's 0x59554532)
 
 
 def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[str]:
@@ -155,16 +159,35 @@ def run(settings: Any, *, once: bool = False) -> None:
     app.conf.broker_pool_limit = 8
     wake = threading.Event()
     observer = _watch_local_store(settings.resolved_checkpoint_store_url, wake)
+    lock = watchdog_lock(settings.resolved_database_url)
     try:
         while True:
-            run_pass(settings, sessions, store, app)
+            if lock.held():
+                run_pass(settings, sessions, store, app)
+            else:
+                with sessions() as session:
+                    log.info("standing by: the watchdog %s runs the passes", watchdog_holder(session))
             if once:
                 return
             wake.wait(settings.watchdog_interval_s)
             wake.clear()
     finally:
+        lock.release()
         if observer is not None:
             observer.stop()
+
+
+def watchdog_lock(database_url: str) -> LeaderLock:
+    """One watchdog runs passes at a time, on whichever host: two would ask workers for swaps at once.
+    A second one stands by and takes over when the first dies or its host is cut off."""
+    import os
+    import socket
+
+    return LeaderLock(database_url, key=LOCK_KEY, role="watchdog", node=f"{os.getpid()}@{socket.gethostname()}")
+
+
+def watchdog_holder(session: Any) -> str | None:
+    return lock_holder(session, key=LOCK_KEY, role="watchdog")
 
 
 def _watch_local_store(url: str, wake: threading.Event) -> Any:

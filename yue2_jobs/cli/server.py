@@ -85,7 +85,7 @@ def _flower(args: argparse.Namespace) -> None:
 
 def _reconcile(args: argparse.Namespace) -> None:
     from yue2_jobs.db.session import session_factory
-    from yue2_jobs.jobs.reconciler import reconcile_once
+    from yue2_jobs.jobs.reconciler import holder, reconcile_once
     from yue2_jobs.queue import make_celery
     from yue2_jobs.storage import storage_from_url
     from yue2_jobs.webhooks.delivery import deliver_due
@@ -94,8 +94,9 @@ def _reconcile(args: argparse.Namespace) -> None:
     with session_factory(s.resolved_database_url)() as session:
         report = reconcile_once(session, settings=s, celery_app=make_celery(s),
                                 storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
+        running = holder(session)  # skipped: the worker that holds the reconciler's lock runs the passes
     sent = deliver_due(session_factory(s.resolved_database_url), settings=s)
-    print(json.dumps({**dataclasses.asdict(report), "webhook_attempts": sent}))
+    print(json.dumps({**dataclasses.asdict(report), "reconciler": running, "webhook_attempts": sent}))
 
 
 def _demo(args: argparse.Namespace) -> None:

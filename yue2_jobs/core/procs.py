@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -32,6 +33,19 @@ def _libc_prctl() -> Any:
 # Resolved here, in the parent: `preexec_fn` runs between fork and exec, where loading a library
 # (dlopen) can deadlock on a lock another thread of the parent held at the fork.
 _PRCTL = _libc_prctl()
+
+
+def pid_space() -> str:
+    """Names the process table this process's pid is a number in: the running kernel (its boot id)
+    and the pid namespace. A pid another process wrote means something here only when their spaces
+    are equal: one machine, one container. A hostname does not tell (cloned images share one)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:  # not Linux: the host's name is the best there is
+        import socket
+
+        return f"host:{socket.gethostname()}"[:80]
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:

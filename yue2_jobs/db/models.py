@@ -195,6 +195,8 @@ class WorkerProcess(Base):
     checkpoint: Mapped[str] = mapped_column(String(128))
     weights_sha256: Mapped[str | None] = mapped_column(String(64))
     pid: Mapped[int] = mapped_column(Integer)
+    # The process table `pid` belongs to (`core.procs.pid_space`): a pid names a process only there.
+    pid_space: Mapped[str | None] = mapped_column(String(80))
     swap_version: Mapped[str | None] = mapped_column(String(64))
     swap_state: Mapped[str | None] = mapped_column(String(16))  # loading | serving | failed
     swap_error: Mapped[str | None] = mapped_column(Text)

@@ -15,6 +15,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(t: datetime) -> datetime:
+    """A stored timestamp, zone-aware: SQLite hands back naive UTC datetimes, Postgres aware ones."""
+    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
+
+
 def affected(result: Result[Any]) -> int:
     """Rows an UPDATE or DELETE matched. `Session.execute` returns a `CursorResult` for those,
     though it is typed as any `Result`."""
@@ -50,7 +55,31 @@ def make_engine(url: str) -> Engine:
         return engine
     # No pre-ping: it costs a round trip per checkout on the API's hot path. A connection the
     # server dropped fails its statement once (DatabaseUnavailableError, retryable) and is replaced.
-    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800)
+    return create_engine(url, pool_size=10, max_overflow=20, pool_recycle=1800, connect_args=peer_timeouts(url))
+
+
+# TCP keepalives on both ends of every Postgres connection. Across hosts a peer can vanish without a
+# FIN (a cut link, a host that lost power): without them the client waits out TCP's retransmissions
+# (about 15 minutes) and the server keeps the dead session, its open transaction, its row locks and
+# its advisory locks (the reconciler's) for the kernel's 2 hours. With these both notice within
+# idle + interval x count seconds. Any of them in the URL's query (`?keepalives_idle=2`) wins.
+PEER_TIMEOUTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3",
+                 "tcp_user_timeout": "15000"}  # ms: how long sent data may go unacknowledged
+
+
+def peer_timeouts(url: str) -> dict[str, str]:
+    """libpq connection parameters for `PEER_TIMEOUTS`, and the same timeouts for the server's end
+    (`options`; a URL that sets `options` itself, e.g. for PgBouncer, keeps its own)."""
+    from sqlalchemy.engine import make_url
+
+    query = make_url(url).query
+    args = {k: v for k, v in PEER_TIMEOUTS.items() if k not in query}
+    if "options" not in query:
+        eff = {**PEER_TIMEOUTS, **{k: str(query[k]) for k in PEER_TIMEOUTS if k in query}}
+        args["options"] = " ".join([*(f"-c tcp_keepalives_{n}={eff[f'keepalives_{n}']}"
+                                      for n in ("idle", "interval", "count")),
+                                    f"-c tcp_user_timeout={eff['tcp_user_timeout']}"])
+    return args
 
 
 @lru_cache

@@ -10,14 +10,13 @@ is `waiting` and has neither."""
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from yue2_jobs.db.models import Job, JobStatus
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import as_utc, utcnow
 from yue2_jobs.jobs.batches import line_error
 from yue2_jobs.jobs.service import get_batch
 
@@ -46,7 +45,7 @@ def batch_stats(session: Session, *, tenant: str, batch_id: str) -> dict[str, An
     rate: dict[str, Any] = {"throughput_per_s": None, "eta_s": None, "rate": "waiting"}
     if first_start is not None:
         end = utcnow() if remaining or last_finish is None else last_finish
-        seconds = max((_aware(end) - _aware(first_start)).total_seconds(), 1e-3)
+        seconds = max((as_utc(end) - as_utc(first_start)).total_seconds(), 1e-3)
         per_s = ran / seconds
         rate = {"throughput_per_s": round(per_s, 3), "rate": "running" if remaining else "final",
                 "eta_s": (round(remaining / per_s, 1) if per_s > 0 else None) if remaining else 0}
@@ -55,11 +54,6 @@ def batch_stats(session: Session, *, tenant: str, batch_id: str) -> dict[str, An
             "by_variant": {v: dict(c) for v, c in sorted(by_variant.items())},
             "by_checkpoint": dict(sorted(by_checkpoint.items())), **rate,
             "errors_preview": _errors_preview(session, batch.id)}
-
-
-def _aware(t: datetime) -> datetime:
-    """SQLite hands back naive UTC datetimes, Postgres aware ones."""
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
 def _errors_preview(session: Session, batch_id: str) -> list[dict[str, Any]]:

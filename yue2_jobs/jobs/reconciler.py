@@ -11,6 +11,12 @@
 - Idempotency keys past their 24 h are dropped.
 
 Publishing twice is harmless: a worker only runs a job it can claim (see `state`).
+
+Every worker runs the reconciler thread; one process in the whole deployment does the passes:
+the holder of a Postgres advisory lock (`db.leader.LeaderLock`), held on a connection of its own
+and named after its worker in `pg_stat_activity` (`holder`). When that process dies its session ends
+and the lock goes to the next worker that asks. When its host is cut off the server notices the
+dead connection by TCP keepalive (`db.session.PEER_TIMEOUTS`, about 11 s) and ends the session.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.retry import transient
+from yue2_jobs.db.leader import LeaderLock, lock_holder
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import utcnow
@@ -37,7 +44,17 @@ from yue2_jobs.queue import jobs_in_broker, publish
 from yue2_jobs.storage import Storage
 
 log = logging.getLogger(__name__)
-LOCK_KEY = 0x59554532  # "YUE2": one reconciler at a time across workers (Postgres only)
+LOCK_KEY = 0x59554532  # "YUE2": one reconciler at a time across workers and hosts (Postgres only)
+
+
+def reconciler_lock(database_url: str, *, node: str) -> LeaderLock:
+    """This worker's claim to run the deployment's reconciler passes."""
+    return LeaderLock(database_url, key=LOCK_KEY, role="reconciler", node=node)
+
+
+def holder(session: Session) -> str | None:
+    """The worker that runs the reconciler passes now (None: none, or not Postgres)."""
+    return lock_holder(session, key=LOCK_KEY, role="reconciler")
 
 
 @dataclass
@@ -52,11 +69,13 @@ class ReconcileReport:
 
 
 def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, storage: Storage,
-                   reap_dead: bool = False) -> ReconcileReport:
+                   reap_dead: bool = False, locked: bool = False) -> ReconcileReport:
     """One pass. `reap_dead` also releases silent workers; a caller passes it only when it reached
-    the database on its previous pass too (after an outage every worker's status row is stale)."""
+    the database on its previous pass too (after an outage every worker's status row is stale).
+    `locked`: the caller holds `reconciler_lock`; otherwise the pass runs only if it can take the
+    lock for its first transaction (`yue2 reconcile`)."""
     report = ReconcileReport()
-    if session.bind is not None and session.bind.dialect.name == "postgresql":
+    if not locked and session.bind is not None and session.bind.dialect.name == "postgresql":
         if not session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": LOCK_KEY}).scalar():
             report.skipped = True
             return report

@@ -1,0 +1,262 @@
+"""Two hosts, one pipeline: the distributed path across machines, not only on one host.
+
+One 2,000-line batch (a third of it for `legal`) runs across host-a (base and legal workers) and
+host-b (a base worker), with the API, the watchdog and the services on hosts of their own. While
+it runs:
+
+- a node name another host uses is refused (hosts need unique names; a pid means nothing elsewhere);
+- an API key revoked on the API's host is refused by the API process on host-a within 1 s;
+- a new `base` version is published: the watchdog swaps the base workers on both hosts, same pids;
+- host-b, which holds the reconciler's lock, is cut off: host-a's worker takes the lock over; the
+  link comes back and host-b does not take it back;
+- host-b's processes are SIGKILLed and its link cut: host-a finishes the batch.
+
+Then every custom_id is once in the output file, every job succeeded once, both hosts ran some,
+and the jobs record the version that decoded them. The figures are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from tests.distributed.conftest import API_PORT, Cluster, since, wait_until
+from tests.distributed.services import BUCKET
+from yue2_jobs.client import Client
+from yue2_jobs.core.paths import CHECKPOINTS, DATA
+from yue2_jobs.db.models import ApiKey, Job, JobStatus, WorkerProcess
+from yue2_jobs.db.session import session_factory, utcnow
+from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
+from yue2_jobs.jobs.reconciler import holder
+
+pytestmark = pytest.mark.slow
+LINES = 2000
+A_BASE, A_LEGAL, B_BASE = "base-cpu0@host-a", "legal-cpu0@host-a", "base-cpu0@host-b"
+
+
+def _live(sessions: Any) -> dict[str, WorkerProcess]:
+    since_t = utcnow().timestamp() - LIVE_WITHIN_S
+    with sessions() as session:
+        rows = session.execute(select(WorkerProcess)).scalars().all()
+    return {w.name: w for w in rows if w.heartbeat_at.timestamp() >= since_t}
+
+
+def _when(value: Any, test: Any) -> Any:
+    """`value` if it passes `test`, else None (for `wait_until`)."""
+    return value if test(value) else None
+
+
+def _holder(sessions: Any) -> str | None:
+    with sessions() as session:
+        return holder(session)
+
+
+def _by_worker(sessions: Any, batch_id: str, status: str = JobStatus.SUCCEEDED) -> dict[str, int]:
+    with sessions() as session:
+        return dict(session.execute(select(Job.worker, func.count()).where(
+            Job.batch_id == batch_id, Job.status == status).group_by(Job.worker)).all())  # type: ignore[arg-type]
+
+
+def _stored_outputs(cluster: Cluster, batch_id: str) -> set[str]:
+    """The job output objects of the batch on S3, by name (a job writes its own key: never two)."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=cluster.services.s3_endpoint, region_name="us-east-1",
+                      aws_access_key_id="testing", aws_secret_access_key="testing")
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"out/t-dist/{batch_id}/job_")
+    return {obj["Key"].rsplit("/", 1)[1] for page in pages for obj in page.get("Contents", [])}
+
+
+def _worker_argv(variant: str) -> list[str]:
+    return ["-m", "workers", "--variant", variant, "--procs", "1"]
+
+
+def _write_batch(path: Path) -> dict[str, str]:
+    from yue2_jobs.training.data import read_split
+
+    texts = [r["text"][:800] for r in read_split(DATA, "general", "eval")]
+    variants = {}
+    with path.open("w") as f:
+        for i in range(LINES):
+            variant = "legal" if i % 3 == 2 else "base"
+            variants[f"d{i}"] = variant
+            body = {"input": texts[i % len(texts)], "max_new_tokens": 24, "variant": variant}
+            f.write(json.dumps({"custom_id": f"d{i}", "method": "POST", "url": "/v1/summarize", "body": body}) + "\n")
+    return variants
+
+
+def _start_hosts(cluster: Cluster, sessions: Any) -> dict[str, int]:
+    """Host-b's worker first, so it holds the reconciler's lock; then the rest. Returns the pids."""
+    cluster.start("host-b", "base", _worker_argv("base"))
+    cluster.start_api("api")
+    cluster.start("api", "watchdog", ["-m", "yue2_jobs", "watchdog"])
+    assert wait_until(lambda: _holder(sessions), timeout=180, what="a worker to take the reconciler's lock",
+                      cluster=cluster) == B_BASE
+    cluster.start("host-a", "base", _worker_argv("base"))
+    cluster.start("host-a", "legal", _worker_argv("legal"))
+    cluster.start_api("host-a")
+    live = wait_until(lambda: _when(_live(sessions), lambda w: len(w) == 3), timeout=180,
+                      what="three workers reporting", cluster=cluster)
+    assert set(live) == {A_BASE, A_LEGAL, B_BASE}
+    assert len({w.pid_space for w in live.values()}) == 3  # a process table per host (per launcher here)
+    for host in ("api", "host-a"):
+        wait_until(lambda h=host: _answers(f"{cluster.api_url(h)}/healthz"), timeout=60,
+                   what=f"the API on {host}", cluster=cluster)
+    return {name: w.pid for name, w in live.items()}
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _namesake_is_refused(cluster: Cluster) -> None:
+    """A host whose hostname is host-a's (a cloned image) cannot take host-a's live node name."""
+    out = cluster.hosts["host-b"].run([sys.executable, "-m", "workers", "--child", "--variant", "base",
+                                       "--name", A_BASE], env=cluster.env("host-b"), hostname="host-a", timeout=120)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "in use by a worker on another host" in out.stderr, out.stderr[-2000:]
+
+
+def _revocation_reaches_the_other_api(cluster: Cluster, sessions: Any) -> float:
+    from yue2_jobs.auth import create_api_key
+
+    with sessions() as session:
+        secret = create_api_key(session, tenant="t-revoked")
+        key_id = session.execute(select(ApiKey.id).where(ApiKey.tenant == "t-revoked")).scalar_one()
+    headers = {"Authorization": f"Bearer {secret}"}
+    urls = [f"{cluster.api_url(h)}/v1/batches" for h in ("api", "host-a")]
+    assert [httpx.get(u, headers=headers, timeout=10).status_code for u in urls] == [200, 200]  # both cache it
+    out = cluster.hosts["api"].run([sys.executable, "-m", "yue2_jobs", "apikey", "revoke", key_id],
+                                   env=cluster.env("api"))
+    t_revoked = time.monotonic()
+    assert out.returncode == 0 and "2 API process(es) told" in out.stdout, out.stdout + out.stderr
+    with httpx.Client(timeout=2) as http:
+        wait_until(lambda: http.get(urls[1], headers=headers).status_code == 401, timeout=1.0, interval=0.01,
+                   what="host-a's API to refuse the revoked key", cluster=cluster)
+        elapsed = since(t_revoked)
+        assert http.get(urls[0], headers=headers).status_code == 401
+    return elapsed
+
+
+def _publish_and_converge(cluster: Cluster, sessions: Any, pids: dict[str, int]) -> tuple[str, float, datetime]:
+    """A new base version (legal's weights, as a "retrained" base) while both hosts decode; both
+    base workers serve it without a restart. Returns its checkpoint name, seconds, and when."""
+    out = cluster.hosts["api"].run([sys.executable, "-m", "yue2_jobs", "checkpoints", "publish",
+                                    str(CHECKPOINTS / "legal"), "--variant", "base"], env=cluster.env("api"))
+    t0 = time.monotonic()
+    assert out.returncode == 0 and out.stdout.startswith("published base@"), out.stdout + out.stderr
+    want = out.stdout.split()[1]
+    live = wait_until(lambda: _when(_live(sessions), lambda w: all(n in w and w[n].checkpoint == want
+                                                                   for n in (A_BASE, B_BASE))),
+                      timeout=180, what=f"both base workers to serve {want}", cluster=cluster)
+    assert {n: live[n].pid for n in (A_BASE, B_BASE)} == {n: pids[n] for n in (A_BASE, B_BASE)}  # no restart
+    return want, since(t0), utcnow()
+
+
+def _reconciler_fails_over(cluster: Cluster, sessions: Any) -> float:
+    b = cluster.hosts["host-b"]
+    assert _holder(sessions) == B_BASE
+    t0 = time.monotonic()
+    b.cut()
+    new = wait_until(lambda: _when(_holder(sessions), lambda h: h and h.endswith("@host-a")), timeout=60,
+                     what="a host-a worker to take the reconciler's lock over", cluster=cluster)
+    failover = since(t0)
+    b.reconnect()
+    t_back = utcnow()
+    wait_until(lambda: (w := _live(sessions).get(B_BASE)) is not None and w.heartbeat_at > t_back, timeout=60,
+               what="host-b's worker to report again", cluster=cluster)
+    for _ in range(10):  # host-b asks again each pass (0.5 s) and is refused: one holder at a time
+        assert _holder(sessions) == new
+        time.sleep(0.2)
+    return failover
+
+
+def _kill_and_cut_host_b(cluster: Cluster, sessions: Any, batch_id: str) -> tuple[float, int]:
+    """SIGKILL host-b's processes, cut its link; returns seconds until every job it held had run
+    on host-a, and how many there were."""
+    b = cluster.hosts["host-b"]
+
+    def claimed_by_b() -> set[str]:
+        with sessions() as session:
+            return set(session.execute(select(Job.id).where(Job.batch_id == batch_id, Job.worker == B_BASE,
+                                                            Job.status == JobStatus.RUNNING)).scalars())
+
+    held = wait_until(claimed_by_b, timeout=60, what="host-b to hold claimed jobs", cluster=cluster, interval=0.05)
+    t0 = time.monotonic()
+    assert b.kill_all()
+    b.cut()
+
+    def rerun() -> bool:
+        with sessions() as session:
+            rows = session.execute(select(Job.status, Job.worker).where(Job.id.in_(held))).all()
+        return all(s == JobStatus.SUCCEEDED and w != B_BASE for s, w in rows)
+
+    wait_until(rerun, timeout=120, what="host-b's claimed jobs to run on host-a", cluster=cluster)
+    return since(t0), len(held)
+
+
+def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(cluster: Cluster, tmp_path: Path
+                                                                             ) -> None:
+    sessions = session_factory(cluster.database_url)
+    t_start = time.monotonic()
+    pids = _start_hosts(cluster, sessions)
+    t_up = since(t_start)
+    _namesake_is_refused(cluster)
+    revoke_s = _revocation_reaches_the_other_api(cluster, sessions)
+
+    from yue2_jobs.auth import create_api_key
+
+    with sessions() as session:
+        client = Client(cluster.api_url("api"), create_api_key(session, tenant="t-dist"))
+    variants = _write_batch(tmp_path / "in.jsonl")
+    batch_id = client.create_batch(client.upload(tmp_path / "in.jsonl")["id"])["id"]
+    wait_until(lambda: all(_by_worker(sessions, batch_id).get(n, 0) >= 20 for n in (A_BASE, B_BASE)),
+               timeout=180, what="both hosts' base workers to finish some jobs", cluster=cluster)
+    seed = {_live(sessions)[n].checkpoint for n in (A_BASE, B_BASE)}
+    new_version, converge_s, t_converged = _publish_and_converge(cluster, sessions, pids)
+    assert client.batch(batch_id)["status"] == "in_progress", "the batch ended before the swap: make it longer"
+    failover_s = _reconciler_fails_over(cluster, sessions)
+    b_done = _by_worker(sessions, batch_id).get(B_BASE, 0)
+    recovery_s, held = _kill_and_cut_host_b(cluster, sessions, batch_id)
+
+    state = wait_until(lambda: _when(client.batch(batch_id), lambda s: s["status"] in ("completed", "failed")),
+                       timeout=600, what="the batch to finish on host-a", cluster=cluster, interval=0.5)
+    assert state["status"] == "completed" and state["request_counts"] == {"total": LINES, "completed": LINES,
+                                                                          "failed": 0}, state
+    lines = [json.loads(ln) for ln in client.file_content(state["output_file_id"]).decode().splitlines()]
+    ids = [ln["custom_id"] for ln in lines]
+    assert len(ids) == LINES and set(ids) == set(variants), "a custom_id is missing or twice in the output"
+    assert all(ln["error"] is None and ln["response"]["status_code"] == 200 for ln in lines)
+
+    with sessions() as session:
+        jobs = session.execute(select(Job).where(Job.batch_id == batch_id)).scalars().all()
+    assert len(jobs) == LINES and {j.status for j in jobs} == {JobStatus.SUCCEEDED}
+    assert _stored_outputs(cluster, batch_id) == {f"job_{j.id.removeprefix('job_')}.json" for j in jobs}
+    per_node = _by_worker(sessions, batch_id)
+    assert per_node.get(A_BASE, 0) > 0 and per_node.get(B_BASE, 0) > 0 and per_node.get(A_LEGAL, 0) > 0, per_node
+    assert per_node[B_BASE] >= b_done > 0  # what host-b recorded before it died stays recorded
+    for job in jobs:
+        assert job.variant == variants[job.custom_id or ""]
+        assert job.worker in ({A_LEGAL} if job.variant == "legal" else {A_BASE, B_BASE})
+    base_jobs = [j for j in jobs if j.variant == "base"]
+    assert {j.checkpoint for j in base_jobs} == {*seed, new_version}  # the batch straddles the swap
+    assert all(j.checkpoint == new_version for j in base_jobs if j.started_at and j.started_at > t_converged)
+
+    reruns = sum(1 for j in jobs if j.attempts > 1)
+    print(f"\ntwo hosts: up in {t_up:.1f}s; jobs per node {dict(sorted(per_node.items()))}, {reruns} run twice")
+    print(f"API key revoked on host api, refused on host-a after {revoke_s:.3f}s")
+    print(f"publish -> both hosts' base workers serving {new_version}: {converge_s:.1f}s (same pids)")
+    print(f"host-b cut off -> reconciler on {_holder(sessions)} after {failover_s:.1f}s")
+    print(f"host-b SIGKILLed and cut -> its {held} claimed jobs done on host-a after {recovery_s:.1f}s; "
+          f"batch done {since(t_start):.0f}s after start (API port {API_PORT})")
