@@ -6,7 +6,8 @@ it runs:
 
 - a node name another host uses is refused (hosts need unique names; a pid means nothing elsewhere);
 - an API key revoked on the API's host is refused by the API process on host-a within 1 s;
-- a new `base` version is published: the watchdog swaps the base workers on both hosts, same pids;
+- a new `base` version is published: the watchdog swaps the base workers on both hosts, same pids,
+  while a second watchdog on host-a stands by;
 - host-b, which holds the reconciler's lock, is cut off: host-a's worker takes the lock over; the
   link comes back and host-b does not take it back;
 - host-b's processes are SIGKILLed and its link cut: host-a finishes the batch.
@@ -28,8 +29,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from tests.distributed.conftest import API_PORT, Cluster, since, wait_until
+from tests.distributed.conftest import Cluster, since, wait_until
 from tests.distributed.services import BUCKET
+from yue2_jobs.checkpoints.watchdog import watchdog_holder
 from yue2_jobs.client import Client
 from yue2_jobs.core.paths import CHECKPOINTS, DATA
 from yue2_jobs.db.models import ApiKey, Job, JobStatus, WorkerProcess
@@ -59,10 +61,15 @@ def _holder(sessions: Any) -> str | None:
         return holder(session)
 
 
+def _watchdog(sessions: Any) -> str | None:
+    with sessions() as session:
+        return watchdog_holder(session)
+
+
 def _by_worker(sessions: Any, batch_id: str, status: str = JobStatus.SUCCEEDED) -> dict[str, int]:
     with sessions() as session:
         return dict(session.execute(select(Job.worker, func.count()).where(
-            Job.batch_id == batch_id, Job.status == status).group_by(Job.worker)).all())  # type: ignore[arg-type]
+            Job.batch_id == batch_id, Job.status == status).group_by(Job.worker)).all())
 
 
 def _stored_outputs(cluster: Cluster, batch_id: str) -> set[str]:
@@ -100,9 +107,12 @@ def _start_hosts(cluster: Cluster, sessions: Any) -> dict[str, int]:
     cluster.start("api", "watchdog", ["-m", "yue2_jobs", "watchdog"])
     assert wait_until(lambda: _holder(sessions), timeout=180, what="a worker to take the reconciler's lock",
                       cluster=cluster) == B_BASE
+    assert wait_until(lambda: _watchdog(sessions), timeout=60, what="the watchdog to take its lock",
+                      cluster=cluster).endswith("@api")
     cluster.start("host-a", "base", _worker_argv("base"))
     cluster.start("host-a", "legal", _worker_argv("legal"))
     cluster.start_api("host-a")
+    cluster.start("host-a", "watchdog", ["-m", "yue2_jobs", "watchdog"])  # a second one, standing by
     live = wait_until(lambda: _when(_live(sessions), lambda w: len(w) == 3), timeout=180,
                       what="three workers reporting", cluster=cluster)
     assert set(live) == {A_BASE, A_LEGAL, B_BASE}
@@ -161,6 +171,9 @@ def _publish_and_converge(cluster: Cluster, sessions: Any, pids: dict[str, int])
                                                                    for n in (A_BASE, B_BASE))),
                       timeout=180, what=f"both base workers to serve {want}", cluster=cluster)
     assert {n: live[n].pid for n in (A_BASE, B_BASE)} == {n: pids[n] for n in (A_BASE, B_BASE)}  # no restart
+    assert (_watchdog(sessions) or "").endswith("@api")  # host-a's watchdog stood by: one pass at a time
+    assert "standing by: the watchdog" in (cluster.logs / "host-a-watchdog.log").read_text()
+    assert "swapped" not in (cluster.logs / "host-a-watchdog.log").read_text()
     return want, since(t0), utcnow()
 
 
@@ -182,9 +195,10 @@ def _reconciler_fails_over(cluster: Cluster, sessions: Any) -> float:
     return failover
 
 
-def _kill_and_cut_host_b(cluster: Cluster, sessions: Any, batch_id: str) -> tuple[float, int]:
-    """SIGKILL host-b's processes, cut its link; returns seconds until every job it held had run
-    on host-a, and how many there were."""
+def _kill_and_cut_host_b(cluster: Cluster, sessions: Any, batch_id: str) -> dict[str, float]:
+    """SIGKILL host-b's processes while they hold claimed jobs, then cut its link. Returns the
+    jobs it held and the batch's unfinished ones then, and the seconds until the first of its jobs
+    was claimed again on host-a (the queue moves) and until all of them had run there."""
     b = cluster.hosts["host-b"]
 
     def claimed_by_b() -> set[str]:
@@ -196,14 +210,21 @@ def _kill_and_cut_host_b(cluster: Cluster, sessions: Any, batch_id: str) -> tupl
     t0 = time.monotonic()
     assert b.kill_all()
     b.cut()
+    unfinished = LINES - sum(_by_worker(sessions, batch_id).values())
 
-    def rerun() -> bool:
+    def rerun(*, all_done: bool) -> bool:
         with sessions() as session:
             rows = session.execute(select(Job.status, Job.worker).where(Job.id.in_(held))).all()
+        if not all_done:
+            return any(w != B_BASE for _, w in rows)
         return all(s == JobStatus.SUCCEEDED and w != B_BASE for s, w in rows)
 
-    wait_until(rerun, timeout=120, what="host-b's claimed jobs to run on host-a", cluster=cluster)
-    return since(t0), len(held)
+    wait_until(lambda: rerun(all_done=False), timeout=120, what="a job host-b held to be claimed on host-a",
+               cluster=cluster, interval=0.05)
+    moved = since(t0)
+    wait_until(lambda: rerun(all_done=True), timeout=120, what="host-b's claimed jobs to run on host-a",
+               cluster=cluster)
+    return {"held": len(held), "unfinished": unfinished, "moved_s": moved, "done_s": since(t0)}
 
 
 def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(cluster: Cluster, tmp_path: Path
@@ -228,7 +249,7 @@ def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(clust
     assert client.batch(batch_id)["status"] == "in_progress", "the batch ended before the swap: make it longer"
     failover_s = _reconciler_fails_over(cluster, sessions)
     b_done = _by_worker(sessions, batch_id).get(B_BASE, 0)
-    recovery_s, held = _kill_and_cut_host_b(cluster, sessions, batch_id)
+    killed = _kill_and_cut_host_b(cluster, sessions, batch_id)
 
     state = wait_until(lambda: _when(client.batch(batch_id), lambda s: s["status"] in ("completed", "failed")),
                        timeout=600, what="the batch to finish on host-a", cluster=cluster, interval=0.5)
@@ -258,5 +279,6 @@ def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(clust
     print(f"API key revoked on host api, refused on host-a after {revoke_s:.3f}s")
     print(f"publish -> both hosts' base workers serving {new_version}: {converge_s:.1f}s (same pids)")
     print(f"host-b cut off -> reconciler on {_holder(sessions)} after {failover_s:.1f}s")
-    print(f"host-b SIGKILLed and cut -> its {held} claimed jobs done on host-a after {recovery_s:.1f}s; "
-          f"batch done {since(t_start):.0f}s after start (API port {API_PORT})")
+    print(f"host-b SIGKILLed and cut with {killed['held']:.0f} jobs claimed ({killed['unfinished']:.0f} of the "
+          f"batch unfinished) -> the first claimed again on host-a after {killed['moved_s']:.1f}s, all done after "
+          f"{killed['done_s']:.1f}s (YUE2_LEASE_S=6); batch done {since(t_start):.0f}s after start")

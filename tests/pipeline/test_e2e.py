@@ -49,7 +49,7 @@ def test_500_jobs_end_to_end(client: Client, workers: Any, settings: Any, s3: di
     assert one["output_url"].startswith(s3["endpoint"])
 
 
-def test_redis_flushall_loses_nothing(client: Client, workers: Any, settings: Any, tenant: str,
+def test_redis_flushed_loses_nothing(client: Client, workers: Any, settings: Any, tenant: str,
                                       eval_texts: list[str], tmp_path: Path) -> None:
     by_custom_id = write_batch(tmp_path / "in.jsonl", eval_texts[:150])
     batch_id = submit(client, tmp_path / "in.jsonl")
@@ -60,7 +60,7 @@ def test_redis_flushall_loses_nothing(client: Client, workers: Any, settings: An
     worker = workers()
     wait_for(lambda: client.batch(batch_id)["request_counts"]["completed"] >= 10, timeout=300,
              what="the first jobs to finish", interval=0.05)
-    broker.flushall()  # every message, queued or unacknowledged, is gone
+    broker.flushdb()  # every message, queued or unacknowledged, is gone (the database: tests beside this use others)
     state = wait_batch(client, batch_id, timeout=600, worker=worker)
     assert state["request_counts"] == {"total": 150, "completed": 150, "failed": 0}
     check_outputs(result_lines(client, state["output_file_id"]), by_custom_id)
@@ -70,7 +70,7 @@ def test_redis_flushall_loses_nothing(client: Client, workers: Any, settings: An
     batch_id = submit(client, tmp_path / "in2.jsonl")
     wait_for(lambda: all(j.enqueued_at for j in batch_jobs(settings, batch_id)), timeout=30,
              what="the second batch's messages")
-    broker.flushall()
+    broker.flushdb()
     assert broker.llen("yue2.base") == 0
     worker = workers()
     state = wait_batch(client, batch_id, timeout=300, worker=worker)
