@@ -24,3 +24,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
         if rel.parts[0] in SERVER_DIRS:
             item.add_marker(pytest.mark.servers)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Figures a passing test reports (`record_property("figures", ...)`): `-q` and xdist hide what
+    passing tests print, and some tests' figures are what an issue asks to see."""
+    shown = False
+    for report in terminalreporter.stats.get("passed", []):
+        for name, value in getattr(report, "user_properties", []):
+            if name == "figures":
+                if not shown:
+                    terminalreporter.section("figures")
+                    shown = True
+                terminalreporter.write_line(f"{report.nodeid}:\n{value}")

@@ -133,19 +133,52 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def refuse_a_live_namesake(session: Any, node: str) -> None:
-    """Exit if a live process already serves `node`: releasing its claims would rerun its jobs under
-    its feet. On this host (the row's pid is in our process table) the pid tells; a row another host
-    wrote (two hosts with one hostname, e.g. cloned images) is live while it reports."""
+def claim_node_name(session: Any, node: str, *, variant: str) -> None:
+    """Take `node` for this process: its row in `worker_processes` gets our pid now, before the model
+    loads, so a namesake starting at the same moment (a cloned host booting beside this one) finds
+    it taken. Exits if a live process already serves it: releasing its claims would rerun its jobs
+    under its feet. Taking the row is a compare-and-set, so of two starters one wins."""
+    from sqlalchemy import update
+    from sqlalchemy.exc import IntegrityError
+
     from yue2_jobs.core.procs import pid_space
     from yue2_jobs.db.models import WorkerProcess
+    from yue2_jobs.db.session import affected, utcnow
+    from yue2_jobs.jobs.capacity import STARTING
+
+    for _ in range(3):
+        row = session.get(WorkerProcess, node, populate_existing=True)
+        if row is not None:
+            _refuse_if_live(row, node)
+        mine = dict(variant=variant, checkpoint=f"{variant}@{STARTING}", weights_sha256=None, pid=os.getpid(),
+                    pid_space=pid_space(), swap_version=None, swap_state=None, swap_error=None, swap_request=None,
+                    heartbeat_at=utcnow())
+        if row is None:
+            session.add(WorkerProcess(name=node, **mine))
+            try:
+                session.commit()
+                return
+            except IntegrityError:  # another process inserted it first: look again
+                session.rollback()
+                continue
+        took = affected(session.execute(update(WorkerProcess).where(
+            WorkerProcess.name == node, WorkerProcess.pid == row.pid,
+            WorkerProcess.pid_space.is_not_distinct_from(row.pid_space),
+            WorkerProcess.heartbeat_at == row.heartbeat_at).values(**mine)))
+        session.commit()
+        if took:
+            return
+    raise SystemExit(f"worker node name {node!r} keeps being taken by another process starting under it")
+
+
+def _refuse_if_live(row: Any, node: str) -> None:
+    """Exit if the process of `row` lives. On this host (its pid is in our process table) the pid
+    tells; a row another host wrote (two hosts with one hostname, e.g. cloned images) is live while
+    it reports."""
+    from yue2_jobs.core.procs import pid_space
     from yue2_jobs.db.session import as_utc, utcnow
     from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 
-    row = session.get(WorkerProcess, node)
-    session.commit()
-    if row is None:
-        return
     if row.pid_space in (None, pid_space()):  # this host's (None: written before pid spaces were kept)
         if row.pid == os.getpid() or not _alive(row.pid):
             return  # gone: the launcher restarted this name, and what it left is released next
@@ -156,7 +189,8 @@ def refuse_a_live_namesake(session: Any, node: str) -> None:
         return  # its host went away; what it left is released next
     raise SystemExit(f"worker node name {node!r} is in use by a worker on another host (pid {row.pid} there, "
                      f"reported {age:.0f}s ago): node names must be unique across hosts; give this host its "
-                     f"own hostname, or its launcher --host")
+                     f"own hostname, or its launcher --host. (If this host itself restarted within the last "
+                     f"{LIVE_WITHIN_S:.0f}s, the name is free once that report is {LIVE_WITHIN_S:.0f}s old.)")
 
 
 def _report_loop(ctx: Any, *, sessions: Any, variant: str, directory_for: Any, stop: threading.Event) -> None:
@@ -198,7 +232,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     # One process per node name at a time (the launcher restarts a dead child under its name): what
     # an earlier holder of this name left is released now, before the model loads.
     with sessions() as session:
-        refuse_a_live_namesake(session, node)
+        claim_node_name(session, node, variant=variant)
         dead_workers.release(session, settings=settings, celery_app=app, worker=node)
     held = HeldDeliveries(settings.broker_url, node)
     held.connect()

@@ -13,6 +13,7 @@ from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.watchdog import converge, live_workers
 from yue2_jobs.db.models import CheckpointState, WorkerProcess
 from yue2_jobs.db.session import utcnow
+from yue2_jobs.jobs.capacity import STARTING
 
 
 class RecordingControl:
@@ -42,7 +43,8 @@ def test_converge_swaps_live_workers_one_by_one_and_skips_gone_ones(env: Any, tm
     worker_row(session, "gpu0@a", "legal@old")
     worker_row(session, "gpu1@a", "legal@old")
     worker_row(session, "gpu0@gone", "legal@old", age_s=120)  # stopped reporting two minutes ago
-    assert [w.name for w in live_workers(session, "legal")] == ["gpu0@a", "gpu1@a"]
+    worker_row(session, "gpu2@b", f"legal@{STARTING}")  # its model is loading: it loads the active version
+    assert [w.name for w in live_workers(session, "legal")] == ["gpu0@a", "gpu1@a", "gpu2@b"]
 
     def serve(name: str, version: str) -> None:  # the worker swaps and reports at once
         session.execute(update(WorkerProcess).where(WorkerProcess.name == name)

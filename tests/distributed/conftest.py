@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -29,7 +30,7 @@ from tests.distributed.services import BUCKET, Services, start_services
 from tests.pipeline.conftest import wait_for
 
 # Peer timeouts of every Postgres connection (db.session.PEER_TIMEOUTS), short so the test's
-# failovers take seconds: a dead peer is noticed after 1 + 1 x 2 s idle, or 3 s of unacknowledged data.
+# failovers take seconds: both ends drop a silent peer after about tcp_user_timeout, 3 s.
 QUICK_PEERS = "keepalives_idle=1&keepalives_interval=1&keepalives_count=2&tcp_user_timeout=3000"
 API_PORT = 8000
 
@@ -87,9 +88,13 @@ def _refused(what: str, exc: BaseException) -> None:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if os.geteuid() != 0:
         _refused("not root", PermissionError("network namespaces need CAP_NET_ADMIN and CAP_SYS_ADMIN"))
-    for tool in ("ip", "unshare", "runuser", "redis-server"):
+    for tool in ("ip", "unshare", "runuser", "redis-server", "ss"):
         if shutil.which(tool) is None:
             _refused(tool, FileNotFoundError(f"{tool} is not installed"))
+    own_pids = subprocess.run(["unshare", "--uts", "--pid", "--fork", "--mount", "--mount-proc", "true"],
+                              capture_output=True, text=True)
+    if own_pids.returncode != 0:
+        _refused("unshare --pid --mount-proc", RuntimeError(own_pids.stderr.strip()))
     logs = tmp_path_factory.mktemp("two-hosts")
     net = Network()
     try:

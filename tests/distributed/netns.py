@@ -78,6 +78,38 @@ class Host:
             time.sleep(0.05)
         return pids
 
+    def kill(self, marker: bytes) -> list[int]:
+        """SIGKILL the processes on this host whose command line holds `marker`; returns their pids."""
+        killed = []
+        for pid in self.pids():
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return killed
+
+    def wait_gone(self, pids: list[int], timeout: float = 10) -> None:
+        """Until none of `pids` runs (a zombie, dead but not yet reaped, does not)."""
+        def running(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except (FileNotFoundError, IndexError):
+                return False
+
+        deadline = time.monotonic() + timeout
+        while any(running(p) for p in pids):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"processes {pids} on {self.name} still run {timeout}s after SIGKILL")
+            time.sleep(0.02)
+
+    def listening(self) -> set[str]:
+        """The local addresses of this host's listening TCP sockets (`ss`), as `address:port`."""
+        out = subprocess.run(["ip", "netns", "exec", self.ns, "ss", "-Hltn"], capture_output=True, text=True,
+                             check=True).stdout
+        return {line.split()[3] for line in out.splitlines() if line.strip()}
+
     def cut(self) -> None:
         """Pull the cable: the host's only link goes down, its processes stay up."""
         _ip("-n", self.ns, "link", "set", "eth0", "down")

@@ -22,6 +22,7 @@ from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.watchdog import live_workers, run_pass
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, JobStatus
 from yue2_jobs.db.session import session_factory
+from yue2_jobs.jobs.capacity import STARTING
 from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint_dir
 from yue2_jobs.queue import make_celery
 from yue2_jobs.storage import storage_from_url
@@ -55,7 +56,7 @@ def reported(sessions: Any) -> dict[str, Any]:
     with sessions() as session:
         return {w.name: {"checkpoint": w.checkpoint, "pid": w.pid, "weights_sha256": w.weights_sha256,
                          "swap": {"state": w.swap_state, "version": w.swap_version}}
-                for w in live_workers(session, "base") if _running(w.pid)}
+                for w in live_workers(session, "base") if _running(w.pid) and w.checkpoint != f"base@{STARTING}"}
 
 
 def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(

@@ -1,5 +1,6 @@
-"""A worker refuses a node name a live process serves: on this host the pid tells; a row another
-host wrote (two hosts with one hostname) is live while it reports, since its pid means nothing here."""
+"""A worker takes its node name before its model loads, and refuses one a live process serves: on
+this host the pid tells; a row another host wrote (two hosts with one hostname) is live while it
+reports, since its pid means nothing here."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.sqlite_db import sessions  # noqa: F401 - fixture
-from workers.main import refuse_a_live_namesake
+from workers.main import claim_node_name
 from yue2_jobs.core.procs import pid_space
 from yue2_jobs.db.models import WorkerProcess
-from yue2_jobs.db.session import utcnow
+from yue2_jobs.db.session import as_utc, utcnow
 
 
 def _row(factory: sessionmaker[Session], name: str, *, pid: int, space: str | None, age_s: float) -> None:
@@ -29,7 +30,7 @@ def _row(factory: sessionmaker[Session], name: str, *, pid: int, space: str | No
 def _refuses(factory: sessionmaker[Session], name: str) -> str | None:
     with factory() as session:
         try:
-            refuse_a_live_namesake(session, name)
+            claim_node_name(session, name, variant="base")
         except SystemExit as exc:
             return str(exc)
     return None
@@ -42,9 +43,17 @@ def test_a_live_namesake_on_another_host_is_refused_until_it_goes_silent(
     assert message is not None and "in use by a worker on another host" in message and "--host" in message
     _row(sessions, "base-cpu0@clone", pid=os.getpid(), space="other-boot/4026531836", age_s=120)
     assert _refuses(sessions, "base-cpu0@clone") is None  # that host went away
+    with sessions() as session:  # and the name is ours now, before any model has loaded
+        row = session.get(WorkerProcess, "base-cpu0@clone")
+        assert row is not None and (row.pid, row.pid_space, row.checkpoint) == (os.getpid(), pid_space(),
+                                                                                 "base@starting")
+        age = (utcnow() - as_utc(row.heartbeat_at)).total_seconds()
+        assert age < 5
 
 
 def test_on_this_host_the_pid_tells(sessions: sessionmaker[Session]) -> None:  # noqa: F811
+    assert _refuses(sessions, "base-cpu0@fresh") is None  # a name nobody had
+    assert _refuses(sessions, "base-cpu0@fresh") is None  # ours already (the same pid): taken again
     _row(sessions, "base-cpu0@here", pid=os.getppid(), space=pid_space(), age_s=0)
     message = _refuses(sessions, "base-cpu0@here")
     assert message is not None and "already served by the live process" in message

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ from yue2_jobs.db.leader import LeaderLock, lock_holder
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import WorkerGoneError
-from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
+from yue2_jobs.jobs.capacity import LIVE_WITHIN_S, STARTING
 from yue2_jobs.model.checkpoint import manifest_version
 
 log = logging.getLogger("yue2.watchdog")
@@ -83,16 +84,21 @@ def swap_worker(session: Any, app: Any, name: str, *, variant: str, version: str
     return f"{name} did not serve {want} within {timeout_s:.0f}s"
 
 
-def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float) -> list[str]:
-    """Swap the live workers of `variant` to its active version, one at a time; returns the swapped ones."""
+def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float,
+             still_leader: Callable[[], bool] = lambda: True) -> list[str]:
+    """Swap the live workers of `variant` to its active version, one at a time; returns the swapped
+    ones. Stops when `still_leader()` turns false: another watchdog has taken over."""
     target = registry.active(session, variant)
     if target is None:
         return []
     want = f"{variant}@{target.version}"
     swapped: list[str] = []
     for worker in live_workers(session, variant):
-        if worker.checkpoint == want:
+        if worker.checkpoint in (want, f"{variant}@{STARTING}"):  # a starting worker loads the active version
             continue
+        if not still_leader():
+            log.warning("lost the watchdog lock; the watchdog that holds it now converges the rest")
+            return swapped
         name, t0 = worker.name, time.monotonic()
         try:
             error = swap_worker(session, app, name, variant=variant, version=target.version,
@@ -118,7 +124,8 @@ def _previous(session: Any, variant: str) -> CheckpointVersion | None:
         .order_by(CheckpointVersion.activated_at.desc()).limit(1)).scalar_one_or_none()
 
 
-def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, Any]:
+def run_pass(settings: Any, sessions: Any, store: Any, app: Any,
+             still_leader: Callable[[], bool] = lambda: True) -> dict[str, Any]:
     """One pass over every variant; returns what it did."""
     done: dict[str, Any] = {}
     for variant in settings.checkpoints:
@@ -137,7 +144,8 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any) -> dict[str, An
                 else:
                     log.warning("%s@%s failed validation: %s", variant, row.version, row.error)
             t_converge = time.monotonic()
-            swapped = converge(session, app, variant=variant, swap_timeout_s=settings.watchdog_swap_timeout_s)
+            swapped = converge(session, app, variant=variant, swap_timeout_s=settings.watchdog_swap_timeout_s,
+                               still_leader=still_leader)
             t_end = time.monotonic()
         if found or activated or swapped:
             done[variant] = {"discovered": found, "activated": activated, "swapped": swapped,
@@ -160,11 +168,14 @@ def run(settings: Any, *, once: bool = False) -> None:
     wake = threading.Event()
     observer = _watch_local_store(settings.resolved_checkpoint_store_url, wake)
     lock = watchdog_lock(settings.resolved_database_url)
+    standing_by = False
     try:
         while True:
             if lock.held():
-                run_pass(settings, sessions, store, app)
-            else:
+                standing_by = False
+                run_pass(settings, sessions, store, app, still_leader=lock.held)
+            elif not standing_by or once:  # said once per stretch of standing by
+                standing_by = True
                 with sessions() as session:
                     log.info("standing by: the watchdog %s runs the passes", watchdog_holder(session))
             if once:

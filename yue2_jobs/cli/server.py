@@ -118,14 +118,16 @@ def add_commands(sub: Any) -> None:
     add_api_url(p)
     p.set_defaults(func=_health)
     p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
-    p.add_argument("--once", action="store_true", help="one pass, then exit")
+    p.add_argument("--once", action="store_true", help="one pass, then exit (no pass while another watchdog runs "
+                   "them: it says which)")
     p.set_defaults(func=_watchdog)
     p = sub.add_parser("flower", help="serve Flower (Celery monitoring) with basic auth")
     p.add_argument("--port", type=int, default=None, help="default: YUE2_FLOWER_PORT")
     p.add_argument("--address", default="127.0.0.1", help="address Flower listens on")
     p.add_argument("--basic-auth", default=None, help="user:password (default: YUE2_FLOWER_BASIC_AUTH)")
     p.set_defaults(func=_flower)
-    p = sub.add_parser("reconcile", help="run the reconciler once")
+    p = sub.add_parser("reconcile", help="one reconciler pass and the due webhooks; no pass while a worker runs "
+                       "the passes (the output's `reconciler` names it)")
     p.set_defaults(func=_reconcile)
     p = sub.add_parser("demo", help="the embedded pipeline demo (`make demo`)")
     p.add_argument("--items", type=int, default=200, help="summary jobs the demo submits")

@@ -61,10 +61,12 @@ def make_engine(url: str) -> Engine:
 # TCP keepalives on both ends of every Postgres connection. Across hosts a peer can vanish without a
 # FIN (a cut link, a host that lost power): without them the client waits out TCP's retransmissions
 # (about 15 minutes) and the server keeps the dead session, its open transaction, its row locks and
-# its advisory locks (the reconciler's) for the kernel's 2 hours. With these both notice within
-# idle + interval x count seconds. Any of them in the URL's query (`?keepalives_idle=2`) wins.
+# its advisory locks (the reconciler's) for the kernel's 2 hours. With these both ends drop a dead
+# peer after about `tcp_user_timeout` (11 s): on Linux it bounds unacknowledged data and, once set,
+# also ends keepalive probing (tcp(7)); probes start after `keepalives_idle` of silence. Any of them
+# in the URL's query (`?keepalives_idle=2`) wins.
 PEER_TIMEOUTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3",
-                 "tcp_user_timeout": "15000"}  # ms: how long sent data may go unacknowledged
+                 "tcp_user_timeout": "11000"}  # ms
 
 
 def peer_timeouts(url: str) -> dict[str, str]:

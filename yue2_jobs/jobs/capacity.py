@@ -16,6 +16,7 @@ from yue2_jobs.db.models import WorkerProcess
 from yue2_jobs.db.session import utcnow
 
 LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
+STARTING = "starting"  # a worker row's version (`<variant>@starting`) from its start until its model has loaded
 
 
 def live_variants(session: Session, *, within_s: float = LIVE_WITHIN_S) -> set[str]:

@@ -17,6 +17,7 @@ the holder of a Postgres advisory lock (`db.leader.LeaderLock`), held on a conne
 and named after its worker in `pg_stat_activity` (`holder`). When that process dies its session ends
 and the lock goes to the next worker that asks. When its host is cut off the server notices the
 dead connection by TCP keepalive (`db.session.PEER_TIMEOUTS`, about 11 s) and ends the session.
+While a worker holds it, `yue2 reconcile` by hand does nothing but say which worker does.
 """
 
 from __future__ import annotations
