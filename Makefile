@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo ab-demo test test-fast lint bench bench-peers bench-drafter bench-pipeline bench-continuous bench-hotswap bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
+.PHONY: venv demo ab-demo test test-fast lint bench bench-peers bench-drafter bench-pipeline bench-continuous bench-hotswap bench-bigbatch bench-fonts font-sheet bench-legal api worker flower migrate fonts data checkpoints drafters eval clean
 
 venv: $(STAMP)
 
@@ -47,7 +47,8 @@ lint: $(STAMP)
 # Then 10,000 jobs through the pipeline (API -> Redis -> worker -> Postgres + moto S3) against the
 # bare decoder, and GET /v1/jobs/{id} latency under load (about 10 minutes; needs Postgres and Redis).
 # Then static vs continuous batching on outputs of 8 to 256 tokens (about 2 minutes), then a hot swap
-# under load (about 2 minutes), then render jobs (about 1 minute).
+# under load (about 2 minutes), then render jobs (about 1 minute), then a 200 MB, 50,000-line batch
+# file through upload, creation and finalization with each process's peak memory (bench-bigbatch).
 bench: $(STAMP)
 	$(PY) benchmarks/peers.py --out benchmarks/results/peers.json
 	$(PY) benchmarks/decode.py --out benchmarks/results/decode.json
@@ -56,6 +57,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/continuous.py --out benchmarks/results/continuous.json
 	$(PY) benchmarks/hotswap.py --out benchmarks/results/hotswap.json
 	$(PY) benchmarks/fonts.py --out benchmarks/results/fonts.json
+	$(PY) benchmarks/bigbatch.py --out benchmarks/results/bigbatch.json
 
 # Ours against CTranslate2, fp32 and int8: random BART-base/-large shapes and the shipped checkpoints
 # (about 25 minutes on 2 cores; --shapes base for a shorter run).
@@ -82,6 +84,12 @@ bench-continuous: $(STAMP)
 
 bench-pipeline: $(STAMP)
 	$(PY) benchmarks/pipeline.py --out benchmarks/results/pipeline.json
+
+# OpenAI's file limit as one batch: 200 MB and 50,000 lines through upload, creation, the jobs (an
+# echo runner, no model) and finalization; seconds and the API's and a finalizer's peak RSS
+# (a few minutes; needs Postgres and Redis, and root for per-step peaks).
+bench-bigbatch: $(STAMP)
+	$(PY) benchmarks/bigbatch.py --out benchmarks/results/bigbatch.json
 
 # The same decoding-mode table on the legal checkpoint and eval set, whose drafts mostly match
 # (about 12 minutes).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from typing import Any
 
@@ -22,3 +24,14 @@ def http_up(httpx: Any, url: str) -> bool:
         return bool(httpx.get(url, timeout=2).status_code < 500)
     except httpx.HTTPError:
         return False
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process, then wait for each (30 s, then SIGKILL)."""
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()

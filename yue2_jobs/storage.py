@@ -8,18 +8,35 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
 
 from yue2_jobs.errors import StorageError, StorageUnavailableError
 
 
+class Reader(Protocol):
+    """An object's bytes, read a piece at a time (a batch file of 200 MB is never held whole)."""
+
+    def read(self, size: int) -> bytes: ...
+    def close(self) -> None: ...
+
+
+CHUNK = 1024 * 1024  # what a streamed read or write moves at a time
+
+
 class Storage(Protocol):
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None: ...
+    def put_stream(self, key: str, stream: BinaryIO, *, content_type: str = "application/json") -> None:
+        """Write `key` from `stream`'s position to its end, a part at a time."""
+        ...
     def get(self, key: str) -> bytes: ...
+    def open(self, key: str) -> Reader:
+        """`key`'s bytes as a stream (close it)."""
+        ...
     def get_range(self, key: str, start: int, end: int) -> bytes: ...
     def url(self, key: str, *, expires_s: int) -> str | None: ...
     def list_keys(self, prefix: str) -> list[str]: ...
@@ -50,9 +67,23 @@ class LocalStorage:
             f.write(data)
         os.replace(tmp, path)
 
+    def put_stream(self, key: str, stream: BinaryIO, *, content_type: str = "application/json") -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        with os.fdopen(fd, "wb") as f:
+            shutil.copyfileobj(stream, f, CHUNK)
+        os.replace(tmp, path)
+
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
+        except FileNotFoundError as exc:
+            raise StorageError(f"storage key {key!r} does not exist") from exc
+
+    def open(self, key: str) -> Reader:
+        try:
+            return self._path(key).open("rb")
         except FileNotFoundError as exc:
             raise StorageError(f"storage key {key!r} does not exist") from exc
 
@@ -146,9 +177,22 @@ class S3Storage:
         with _translate_boto(key, self.bucket):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ContentType=content_type)
 
+    def put_stream(self, key: str, stream: BinaryIO, *, content_type: str = "application/json") -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        # A multipart upload above 8 MB, two parts in flight: memory stays at a few parts.
+        config = TransferConfig(multipart_threshold=8 * CHUNK, multipart_chunksize=8 * CHUNK, max_concurrency=2)
+        with _translate_boto(key, self.bucket):
+            self.client.upload_fileobj(stream, self.bucket, self._key(key), ExtraArgs={"ContentType": content_type},
+                                       Config=config)
+
     def get(self, key: str) -> bytes:
         with _translate_boto(key, self.bucket):
             return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
+
+    def open(self, key: str) -> Reader:
+        with _translate_boto(key, self.bucket):
+            return _S3Reader(self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"], key, self.bucket)
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of `key` (one ranged GET)."""
@@ -195,6 +239,30 @@ class S3Storage:
                                                                               Prefix=self._key(prefix)):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
         return sorted(keys)
+
+
+class _S3Reader:
+    """An S3 object's body, read in pieces, with boto's errors translated like every other call's."""
+
+    def __init__(self, body: Any, key: str, bucket: str) -> None:
+        self.body, self.key, self.bucket = body, key, bucket
+
+    def read(self, size: int) -> bytes:
+        with _translate_boto(self.key, self.bucket):
+            data: bytes = self.body.read(size)
+            return data
+
+    def close(self) -> None:
+        self.body.close()
+
+
+def read_chunks(reader: Reader) -> Iterator[bytes]:
+    """`reader`'s bytes in pieces of up to `CHUNK`, closing it at the end (a streamed HTTP response)."""
+    try:
+        while chunk := reader.read(CHUNK):
+            yield chunk
+    finally:
+        reader.close()
 
 
 def storage_from_url(url: str, *, endpoint_url: str | None = None, region: str = "us-east-1") -> Storage:

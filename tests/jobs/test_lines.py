@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 from yue2_jobs.jobs.keys import line_ref, parse_line_ref
-from yue2_jobs.jobs.lines import parse_batch_file
+from yue2_jobs.jobs.lines import parse_batch_file, split_lines, stream_lines
 
 SETTINGS = Settings(max_batch_items=5, max_input_chars=50)
 
@@ -66,11 +68,46 @@ def test_file_level_problems_name_the_line(data: bytes, field: str, text: str) -
     assert caught.value.field == field and caught.value.status == 400 and text in str(caught.value)
 
 
-def test_too_many_lines_name_the_limit_and_the_count() -> None:
+def test_too_many_lines_are_refused_at_the_first_line_past_the_limit() -> None:
     data = jsonl(*(line(str(i), input="x") for i in range(7)))
     with pytest.raises(LimitExceededError) as caught:
         parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
-    assert (caught.value.field, caught.value.limit, caught.value.actual) == ("input_file_id", 5, 7)
+    # The exact count comes from the upload (files.lines), before the file is read at all.
+    assert (caught.value.field, caught.value.limit, caught.value.actual) == ("input_file_id", 5, 6)
+    assert "at least" in str(caught.value)
+
+
+class Pieces:
+    """A stream that hands out its bytes in the given piece sizes (a network read returns what it has)."""
+
+    def __init__(self, data: bytes, sizes: list[int]) -> None:
+        self.data, self.sizes, self.pos = data, sizes or [1], 0
+
+    def read(self, n: int) -> bytes:
+        size = min(n, self.sizes[self.pos % len(self.sizes)] if self.pos < len(self.data) else n)
+        out = self.data[self.pos:self.pos + size]
+        self.pos += len(out)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b"")), max_size=12),
+       seps=st.lists(st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\n", b" \n"]), min_size=1, max_size=4),
+       sizes=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=5))
+def test_streamed_lines_are_the_lines_of_the_whole_file(lines: list[bytes], seps: list[bytes],
+                                                         sizes: list[int]) -> None:
+    data = b"".join(ln + seps[i % len(seps)] for i, ln in enumerate(lines))
+    assert list(stream_lines(Pieces(data, sizes), max_bytes=1000)) == list(split_lines(data))
+
+
+def test_a_line_longer_than_the_limit_is_refused_while_it_is_read() -> None:
+    data = b'{"custom_id": "a"}\n' + b"x" * 5000 + b"\n"
+    with pytest.raises(LimitExceededError) as caught:
+        list(stream_lines(Pieces(data, [1000]), max_bytes=2048))
+    assert caught.value.field == "line 2" and caught.value.limit == 2048
 
 
 def test_an_experiment_assigns_the_variant_and_a_reference_is_text() -> None:

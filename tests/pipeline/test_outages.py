@@ -44,9 +44,17 @@ class FlakyStorage(LocalStorage):
         self._maybe_down("put")
         super().put(key, data, content_type=content_type)
 
+    def put_stream(self, key: str, stream: Any, *, content_type: str = "application/json") -> None:
+        self._maybe_down("put")
+        super().put_stream(key, stream, content_type=content_type)
+
     def get(self, key: str) -> bytes:
         self._maybe_down("get")
         return super().get(key)
+
+    def open(self, key: str) -> Any:
+        self._maybe_down("get")
+        return super().open(key)
 
 
 def test_transient_errors_are_outages_and_others_are_not() -> None:

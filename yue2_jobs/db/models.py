@@ -68,6 +68,9 @@ class File(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     filename: Mapped[str] = mapped_column(String(500))
     bytes: Mapped[int] = mapped_column(Integer)
+    # Its non-blank lines, counted at upload: a batch over the line limit is refused before its
+    # file is read (None: uploaded before they were counted).
+    lines: Mapped[int | None] = mapped_column(Integer)
     storage_key: Mapped[str] = mapped_column(String(500))
     created_at: Mapped[datetime]
     deleted_at: Mapped[datetime | None]  # DELETE /v1/files: the object is gone, the row stays for its batches

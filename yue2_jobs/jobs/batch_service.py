@@ -4,9 +4,11 @@ any warnings), so a route only renders what it gets."""
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
@@ -20,7 +22,7 @@ from yue2_jobs.jobs import service
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.capacity import no_worker_warnings
 from yue2_jobs.jobs.files import create_file, get_file
-from yue2_jobs.jobs.lines import parse_batch_file
+from yue2_jobs.jobs.lines import iter_batch_lines, max_line_bytes, stream_lines
 from yue2_jobs.storage import Storage
 
 ENDED = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.FAILED)
@@ -127,6 +129,17 @@ def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Sett
     return retried
 
 
+SPOOL_BYTES = 8 * 1024 * 1024  # a spooled file moves from memory to disk past this
+
+
+def _remember(lines: Iterator[tuple[int, int, bytes]], raw: dict[tuple[int, int], bytes]
+              ) -> Iterator[tuple[int, int, bytes]]:
+    """`lines`, each also kept in `raw` by its span until the parser's line for it is handled."""
+    for start, end, data in lines:
+        raw[(start, end)] = data
+        yield start, end, data
+
+
 def _submit_retry(session: Session, original: Batch, wanted: set[str], *, tenant: str, settings: Settings,
                   storage: Storage) -> BatchState:
     try:
@@ -134,16 +147,26 @@ def _submit_retry(session: Session, original: Batch, wanted: set[str], *, tenant
     except NotFoundError:
         raise ConflictError(f"the input file {original.input_file_id!r} of batch {original.id!r} was deleted; "
                             f"upload the lines again") from None
-    data = storage.get(source.storage_key)
-    lines = [data[ln.span[0]:ln.span[1]].rstrip(b"\r\n") for ln in parse_batch_file(
-        data, endpoint=original.endpoint, settings=settings, in_experiment=original.experiment_id is not None)
-        if ln.custom_id in wanted]
     metadata = {**(original.metadata_ or {}), "retry_of": original.id}
     if len(metadata) > MAX_METADATA_PAIRS:
         raise LimitExceededError(field="metadata", limit=MAX_METADATA_PAIRS, actual=len(metadata),
                                  unit="pairs (the original's and retry_of)", status=400)
-    f = create_file(session, tenant=tenant, filename=f"{original.id}_retry.jsonl", purpose="batch",
-                    data=b"\n".join(lines) + b"\n", storage=storage)
+    # The wanted lines, byte for byte, into a spooled file (on disk past a few MB), read a piece at a time.
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as out:
+        raw_lines: dict[tuple[int, int], bytes] = {}
+        reader = storage.open(source.storage_key)
+        try:
+            numbered = _remember(stream_lines(reader, max_bytes=max_line_bytes(settings)), raw_lines)
+            for ln in iter_batch_lines(numbered, endpoint=original.endpoint, settings=settings,
+                                       in_experiment=original.experiment_id is not None):
+                raw = raw_lines.pop(ln.span)
+                if ln.custom_id in wanted:
+                    out.write(raw + b"\n")
+        finally:
+            reader.close()
+        out.seek(0)
+        f = create_file(session, tenant=tenant, filename=f"{original.id}_retry.jsonl", purpose="batch",
+                        data=cast(BinaryIO, out), storage=storage)
     return submit(session, tenant=tenant, input_file_id=f.id, endpoint=original.endpoint,
                   completion_window=original.completion_window, metadata=metadata,
                   experiment_id=original.experiment_id, settings=settings, storage=storage)

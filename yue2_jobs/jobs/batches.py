@@ -9,7 +9,8 @@ finalization redone after a crash rewrites the same objects.
 from __future__ import annotations
 
 import json
-from typing import Any
+import tempfile
+from typing import Any, BinaryIO, cast
 
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session
@@ -27,7 +28,8 @@ def line_error(error: dict[str, Any] | None) -> dict[str, Any]:
     return error or {"code": "cancelled", "message": "the batch was cancelled before this request ran"}
 
 
-def _result_line(job: Job, storage: Storage) -> tuple[bool, dict[str, Any]]:
+def _result_line(job: Any, storage: Storage) -> tuple[bool, dict[str, Any]]:
+    """One request's line in the output or error file, from its job's row (the `RESULT_COLUMNS`)."""
     request_id = f"batch_req_{job.id.removeprefix('job_')}"
     if job.status == JobStatus.SUCCEEDED:
         if job.kind == "render_font":  # its stored JSON names the image files and the layout
@@ -88,25 +90,38 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
     return True
 
 
+RESULT_COLUMNS = ("id", "custom_id", "kind", "status", "variant", "checkpoint", "params", "output_key",
+                  "output_text", "error", "input_tokens", "input_tokens_used", "output_tokens", "decoder_steps",
+                  "nar_tokens", "decoded_mode", "chunks", "input_truncated")  # not the inputs: they can be large
+SPOOL_BYTES = 8 * 1024 * 1024  # a result file moves from memory to disk past this
+
+
 def _write_files(session: Session, *, batch_id: str, tenant: str, final: BatchStatus, storage: Storage) -> None:
-    ok_lines: list[str] = []
-    err_lines: list[str] = []
-    for job in session.execute(select(Job).where(Job.batch_id == batch_id).order_by(Job.created_at, Job.id)).scalars():
-        ok, line = _result_line(job, storage)
-        (ok_lines if ok else err_lines).append(json.dumps(line, ensure_ascii=False))
-    files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
-    for column, lines, name in (("output_file_id", ok_lines, "output"), ("error_file_id", err_lines, "error")):
-        if not lines:
-            continue
-        file_id = batch_result_file_id(batch_id, name)
-        key = batch_result_key(tenant=tenant, batch_id=batch_id, name=name)
-        data = ("\n".join(lines) + "\n").encode()
-        storage.put(key, data, content_type="application/jsonl")
-        if session.get(File, file_id) is None:
-            session.add(File(id=file_id, tenant=tenant, purpose="batch_output" if name == "output" else
-                             "batch_error", filename=f"{batch_id}_{name}.jsonl", bytes=len(data), storage_key=key,
-                             created_at=utcnow()))
-        files[column] = file_id
+    """The batch's output and error files, written a line at a time to spooled files (on disk past
+    a few MB) from rows read a thousand at a time, then streamed to storage: memory does not grow
+    with the batch."""
+    table = Job.__table__.c
+    rows = session.execute(select(*(table[c] for c in RESULT_COLUMNS)).where(table.batch_id == batch_id)
+                           .order_by(table.created_at, table.id).execution_options(yield_per=1000))
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as ok_file, tempfile.SpooledTemporaryFile(SPOOL_BYTES) as err_file:
+        for job in rows:
+            ok, line = _result_line(job, storage)
+            (ok_file if ok else err_file).write(json.dumps(line, ensure_ascii=False).encode() + b"\n")
+        session.commit()  # ends the read (a server-side cursor on Postgres)
+        files: dict[str, str | None] = {"output_file_id": None, "error_file_id": None}
+        for column, spooled, name in (("output_file_id", ok_file, "output"), ("error_file_id", err_file, "error")):
+            size = spooled.tell()
+            if not size:
+                continue
+            spooled.seek(0)
+            file_id = batch_result_file_id(batch_id, name)
+            key = batch_result_key(tenant=tenant, batch_id=batch_id, name=name)
+            storage.put_stream(key, cast(BinaryIO, spooled), content_type="application/jsonl")
+            if session.get(File, file_id) is None:
+                session.add(File(id=file_id, tenant=tenant, purpose="batch_output" if name == "output" else
+                                 "batch_error", filename=f"{batch_id}_{name}.jsonl", bytes=size, storage_key=key,
+                                 created_at=utcnow()))
+            files[column] = file_id
     done_at = {BatchStatus.CANCELLED: "cancelled_at", BatchStatus.COMPLETED: "completed_at"}.get(final)
     session.execute(update(Batch).where(Batch.id == batch_id).values(
         status=final, **files, **({done_at: utcnow()} if done_at else {})))

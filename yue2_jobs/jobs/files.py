@@ -8,7 +8,11 @@ after the other, never interleaved.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import logging
+from dataclasses import dataclass
+from typing import BinaryIO
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -18,9 +22,9 @@ from yue2_jobs.core.safe import check_text, require_id
 from yue2_jobs.db.listing import Order, Page, page
 from yue2_jobs.db.models import Batch, BatchStatus, File
 from yue2_jobs.db.session import utcnow
-from yue2_jobs.errors import ConflictError, InvalidRequestError, NotFoundError
+from yue2_jobs.errors import ConflictError, InvalidRequestError, LimitExceededError, NotFoundError
 from yue2_jobs.jobs.keys import upload_key
-from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS
+from yue2_jobs.jobs.lines import MAX_FILENAME_CHARS, stream_lines
 from yue2_jobs.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -28,19 +32,59 @@ PURPOSES = ("batch", "batch_output", "batch_error")
 LIVE_BATCH = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
 
 
-def create_file(session: Session, *, tenant: str, filename: str, purpose: str, data: bytes,
-                storage: Storage, file_id: str | None = None) -> File:
+@dataclass(frozen=True)
+class Measured:
+    """An upload's size, SHA-256 (the idempotency fingerprint's) and non-blank line count."""
+
+    size: int
+    sha256: str
+    lines: int
+
+
+class _Counting:
+    """A reader that hashes and counts what passes through it, and stops past `max_bytes`."""
+
+    def __init__(self, stream: BinaryIO, max_bytes: int) -> None:
+        self.stream, self.max_bytes, self.size, self.digest = stream, max_bytes, 0, hashlib.sha256()
+
+    def read(self, n: int) -> bytes:
+        chunk = self.stream.read(n)
+        self.size += len(chunk)
+        if self.size > self.max_bytes:
+            raise LimitExceededError(field="file", limit=self.max_bytes, actual=self.size, unit="bytes (at least)")
+        self.digest.update(chunk)
+        return chunk
+
+    def close(self) -> None:
+        pass
+
+
+def measure(stream: BinaryIO, *, max_bytes: int) -> Measured:
+    """One pass over an upload, a piece at a time, then back to its start; a file over `max_bytes`
+    is refused as soon as it is read past them."""
+    counting = _Counting(stream, max_bytes)
+    lines = sum(1 for _ in stream_lines(counting, max_bytes=max_bytes))
+    stream.seek(0)
+    return Measured(size=counting.size, sha256=counting.digest.hexdigest(), lines=lines)
+
+
+def create_file(session: Session, *, tenant: str, filename: str, purpose: str, data: bytes | BinaryIO,
+                storage: Storage, file_id: str | None = None, measured: Measured | None = None) -> File:
+    """A new file from `data` (bytes, or a stream at its start: it is copied to storage a part at a
+    time); `measured`: what `measure` found, when the caller has it already."""
     if purpose != "batch":
         raise InvalidRequestError(f"purpose {purpose!r} is not supported; use 'batch'", field="purpose", status=400)
     check_text(filename, field="filename", max_chars=MAX_FILENAME_CHARS, status=400)
+    stream = io.BytesIO(data) if isinstance(data, bytes) else data
+    measured = measured or measure(stream, max_bytes=2**62)
     file_id = file_id or new_id("file-")
     key = upload_key(tenant=tenant, file_id=file_id)
-    f = File(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(data), storage_key=key,
-             created_at=utcnow())
+    f = File(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=measured.size,
+             lines=measured.lines, storage_key=key, created_at=utcnow())
     session.add(f)
     session.flush()  # the row can be written: only now may its object be
     try:
-        storage.put(key, data, content_type="application/jsonl")
+        storage.put_stream(key, stream, content_type="application/jsonl")
     except BaseException:
         session.rollback()
         raise

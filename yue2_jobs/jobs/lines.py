@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -19,6 +19,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import MAX_JSON_DEPTH, check_text, unstorable
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
+from yue2_jobs.storage import CHUNK, Reader
 
 MAX_CUSTOM_ID_CHARS = 512  # jobs.custom_id
 MAX_FILENAME_CHARS = 500  # files.filename
@@ -37,10 +38,39 @@ class ParsedLine:
     span: tuple[int, int] = (0, 0)  # the line's byte offsets in the file
 
 
-def _lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+def split_lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     for m in LINE.finditer(data):
         if m.group().strip():
             yield m.start(), m.end(), m.group()
+
+
+def max_line_bytes(settings: Settings) -> int:
+    """The longest line a batch file may hold: an input and a reference at the character limit,
+    every character escaped (`\\u00e9`, 6 bytes), and room for the other fields."""
+    return 12 * settings.max_input_chars + 64 * 1024
+
+
+def stream_lines(reader: Reader, *, max_bytes: int) -> Iterator[tuple[int, int, bytes]]:
+    """The non-blank lines of a stream, as `split_lines` gives them (start and end offsets in the file),
+    read a piece at a time: only the current piece and one unfinished line are held."""
+    buf, base, n = b"", 0, 0  # base: the file offset of buf[0]
+    while True:
+        chunk = reader.read(CHUNK)
+        buf = buf + chunk if buf else chunk
+        keep = len(buf)
+        for m in LINE.finditer(buf):
+            if chunk and m.end() == len(buf):  # it may go on in the next piece
+                keep = m.start()
+                break
+            if m.group().strip():
+                n += 1
+                yield base + m.start(), base + m.end(), m.group()
+        if not chunk:
+            return
+        if len(buf) - keep > max_bytes:
+            raise LimitExceededError(field=f"line {n + 1}", limit=max_bytes, actual=len(buf) - keep,
+                                     unit="bytes (at least)", status=400)
+        base, buf = base + keep, buf[keep:]
 
 
 def _line_reference(line: dict[str, Any], *, n: int, settings: Settings, in_experiment: bool) -> str | None:
@@ -84,9 +114,9 @@ def _json_type(value: Any) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-def _refuse_json_array(data: bytes) -> None:
+def _refuse_json_array(first_line: bytes) -> None:
     """A whole file holding one JSON array (a common first try) gets the format named, not "line 1"."""
-    if data.lstrip()[:1] == b"[":
+    if first_line.lstrip()[:1] == b"[":
         raise InvalidRequestError(
             f"the input file is a JSON array; a batch input file is JSON Lines: one request object per line, "
             f"for example {LINE_SHAPE}", field="input_file_id", status=400)
@@ -109,18 +139,27 @@ def _custom_id(line: dict[str, Any], n: int, seen: set[str]) -> str:
 
 def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_experiment: bool = False
                      ) -> list[ParsedLine]:
+    """Every line of a batch file held in memory (`iter_batch_lines` reads one from storage)."""
+    return list(iter_batch_lines(split_lines(data), endpoint=endpoint, settings=settings, in_experiment=in_experiment))
+
+
+def iter_batch_lines(lines: Iterable[tuple[int, int, bytes]], *, endpoint: str, settings: Settings,
+                     in_experiment: bool = False) -> Iterator[ParsedLine]:
+    """Each line of a batch file, parsed and checked, as it is read; raises on a structural error
+    (the batch is refused), and when there is no line at all."""
     kind = ENDPOINTS[endpoint]
-    _refuse_json_array(data)
     seen: set[str] = set()
-    out: list[ParsedLine] = []
-    for n, (start, end, raw) in enumerate(_lines(data), start=1):
+    n = 0
+    for n, (start, end, raw) in enumerate(lines, start=1):
+        if n == 1:
+            _refuse_json_array(raw)
         if n > settings.max_batch_items:
-            raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items,
-                                     actual=sum(1 for _ in _lines(data)), unit="requests", status=400)
+            raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=n,
+                                     unit="requests (at least)", status=400)
         line, line_error = _load(raw, n)
         custom_id = _custom_id(line, n, seen)
         if line_error is not None:
-            out.append(ParsedLine(custom_id, None, line_error, span=(start, end)))
+            yield ParsedLine(custom_id, None, line_error, span=(start, end))
             continue
         if line.get("url", endpoint) != endpoint or line.get("method", "POST") != "POST":
             raise InvalidRequestError(f"line {n}: every request must be POST {endpoint}, the batch's endpoint",
@@ -129,9 +168,8 @@ def parse_batch_file(data: bytes, *, endpoint: str, settings: Settings, in_exper
             reference = _line_reference(line, n=n, settings=settings, in_experiment=in_experiment)
             job = replace(validate_job(line.get("body"), kind=kind, settings=settings, field_prefix="body."),
                           custom_id=custom_id)
-            out.append(ParsedLine(custom_id, job, None, reference, span=(start, end)))
+            yield ParsedLine(custom_id, job, None, reference, span=(start, end))
         except InvalidRequestError as exc:
-            out.append(ParsedLine(custom_id, None, exc, span=(start, end)))
-    if not out:
+            yield ParsedLine(custom_id, None, exc, span=(start, end))
+    if n == 0:
         raise InvalidRequestError("input file has no requests", field="input_file_id", status=400)
-    return out

@@ -24,7 +24,7 @@ from yue2_jobs.jobs.assignment import get_experiment, variants_for
 from yue2_jobs.jobs.capacity import no_worker_warnings
 from yue2_jobs.jobs.files import get_file
 from yue2_jobs.jobs.keys import line_ref, own_input_key
-from yue2_jobs.jobs.lines import parse_batch_file
+from yue2_jobs.jobs.lines import ParsedLine, iter_batch_lines, max_line_bytes, stream_lines
 from yue2_jobs.jobs.params import ENDPOINTS, ValidatedJob, validate_job
 from yue2_jobs.jobs.state import cancel_jobs
 from yue2_jobs.storage import Storage
@@ -88,11 +88,12 @@ def cancel_job(session: Session, *, tenant: str, job_id: str) -> Job:
 
 def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint: str, completion_window: str,
                  metadata: dict[str, Any] | None, settings: Settings, storage: Storage,
-                 experiment_id: str | None = None) -> tuple[Batch, list[tuple]]:
+                 experiment_id: str | None = None) -> tuple[Batch, list[tuple[str, str]]]:
     """Insert the batch and its jobs in one transaction; returns the batch and the (job, variant) to enqueue.
 
-    Under an experiment, each line becomes one job (`split`) or one job per variant (`paired`),
-    on the variants the experiment assigns (`yue2_jobs.jobs.assignment`).
+    The input file is read from storage a piece at a time and its jobs inserted a few thousand rows
+    at a time, so memory does not grow with the file. Under an experiment, each line becomes one job
+    (`split`) or one job per variant (`paired`), on the variants it assigns (`jobs.assignment`).
     """
     if endpoint not in ENDPOINTS:
         raise InvalidRequestError(f"endpoint {endpoint!r} is not supported; use one of {sorted(ENDPOINTS)}",
@@ -104,12 +105,9 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
         raise InvalidRequestError("experiments compare model variants; a /v1/render_font batch cannot run under one",
                                   field="experiment_id", status=400)
     f = get_file(session, tenant=tenant, file_id=input_file_id, lock="share")  # not deleted while we read it
-    parsed = parse_batch_file(storage.get(f.storage_key), endpoint=endpoint, settings=settings,
-                              in_experiment=exp is not None)
     per_line = len(variants_for(exp, "")) if exp else 1
-    if len(parsed) * per_line > settings.max_batch_items:
-        raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items,
-                                 actual=len(parsed) * per_line, unit="jobs (requests x variants)", status=400)
+    if f.lines is not None:  # counted at upload: refused before a byte is read
+        _check_size(f.lines, per_line=per_line, settings=settings)
     now = utcnow()
     batch = Batch(id=new_id("batch_"), tenant=tenant, input_file_id=f.id, endpoint=endpoint,
                   completion_window=completion_window, status=BatchStatus.IN_PROGRESS, metadata_=metadata,
@@ -117,30 +115,63 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
                   experiment_id=exp.id if exp else None)
     session.add(batch)
     session.flush()
-    rows = []
-    for line in parsed:
-        variants = variants_for(exp, line.custom_id) if exp else [None]
-        for variant in variants:
-            if line.job is not None:
-                row = _job_row(line.job, tenant=tenant, batch_id=batch.id, settings=settings, now=now,
-                               source=line_ref(f.storage_key, *line.span))
-            else:
-                assert line.error is not None
-                row = dict(id=new_id("job_"), tenant=tenant, batch_id=batch.id, custom_id=line.custom_id,
-                           kind=ENDPOINTS[endpoint], status=JobStatus.FAILED, variant=settings.default_variant,
-                           params={}, attempts=0, created_at=now, finished_at=now,
-                           error={"code": line.error.code, "message": str(line.error),
-                                  "param": line.error.field, "status_code": line.error.status})
-            row.update(experiment_id=batch.experiment_id, reference=line.reference)
-            if variant is not None:
-                row["variant"] = variant
-            rows.append(row)
-    batch.total = len(rows)
-    for start in range(0, len(rows), 5000):
-        session.execute(insert(Job), rows[start:start + 5000])
+    to_enqueue: list[tuple[str, str]] = []
+    rows: list[dict[str, Any]] = []
+    total = 0
+    reader = storage.open(f.storage_key)
+    try:
+        for line in iter_batch_lines(stream_lines(reader, max_bytes=max_line_bytes(settings)), endpoint=endpoint,
+                                     settings=settings, in_experiment=exp is not None):
+            for variant in variants_for(exp, line.custom_id) if exp else [None]:
+                row = _line_row(line, variant, batch=batch, source_key=f.storage_key, settings=settings, now=now)
+                rows.append(row)
+                if row["status"] == JobStatus.QUEUED:
+                    to_enqueue.append((row["id"], row["variant"]))
+            total += per_line
+            if total > settings.max_batch_items:  # a file uploaded before lines were counted
+                _check_size(total // per_line, per_line=per_line, settings=settings)
+            if len(rows) >= INSERT_ROWS:
+                session.execute(insert(Job), rows)
+                rows = []
+    finally:
+        reader.close()
+    if rows:
+        session.execute(insert(Job), rows)
+    batch.total = total
     session.commit()
-    to_enqueue = [(r["id"], r["variant"]) for r in rows if r["status"] == JobStatus.QUEUED]
     return batch, to_enqueue
+
+
+INSERT_ROWS = 2000  # job rows per INSERT: few round trips, a few MB of rows in memory at a time
+
+
+def _check_size(lines: int, *, per_line: int, settings: Settings) -> None:
+    if lines > settings.max_batch_items:
+        raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=lines,
+                                 unit="requests", status=400)
+    if lines * per_line > settings.max_batch_items:
+        raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=lines * per_line,
+                                 unit="jobs (requests x variants)", status=400)
+
+
+def _line_row(line: ParsedLine, variant: str | None, *, batch: Batch, source_key: str, settings: Settings,
+              now: Any) -> dict[str, Any]:
+    """The job row of one batch line (on `variant`, under an experiment); a line with an error is
+    a job failed from the start, its error kept for the error file."""
+    if line.job is not None:
+        row = _job_row(line.job, tenant=batch.tenant, batch_id=batch.id, settings=settings, now=now,
+                       source=line_ref(source_key, *line.span))
+    else:
+        assert line.error is not None
+        row = dict(id=new_id("job_"), tenant=batch.tenant, batch_id=batch.id, custom_id=line.custom_id,
+                   kind=ENDPOINTS[batch.endpoint], status=JobStatus.FAILED, variant=settings.default_variant,
+                   params={}, attempts=0, created_at=now, finished_at=now,
+                   error={"code": line.error.code, "message": str(line.error),
+                          "param": line.error.field, "status_code": line.error.status})
+    row.update(experiment_id=batch.experiment_id, reference=line.reference)
+    if variant is not None:
+        row["variant"] = variant
+    return row
 
 
 def get_batch(session: Session, *, tenant: str, batch_id: str) -> Batch:

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Response, UploadFile
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
 from yue2_jobs.api.views import file_view, list_view
 from yue2_jobs.db.listing import DEFAULT_LIMIT
-from yue2_jobs.errors import LimitExceededError
 from yue2_jobs.jobs import files
+from yue2_jobs.storage import read_chunks
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -21,17 +20,17 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 @router.post("")
 def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
                 purpose: Annotated[str, Form()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
-    data = file.file.read(state.settings.max_file_bytes + 1)
-    if len(data) > state.settings.max_file_bytes:
-        raise LimitExceededError(field="file", limit=state.settings.max_file_bytes, actual=len(data), unit="bytes")
+    # The multipart parser has spooled the file to disk; it is read a piece at a time from there,
+    # once to measure it and once into storage, never whole into memory.
+    measured = files.measure(file.file, max_bytes=state.settings.max_file_bytes)
     filename = file.filename or "upload.jsonl"
 
     def create() -> dict[str, Any]:
-        return file_view(files.create_file(session, tenant=tenant, filename=filename, purpose=purpose, data=data,
-                                           storage=state.storage))
+        return file_view(files.create_file(session, tenant=tenant, filename=filename, purpose=purpose,
+                                           data=file.file, measured=measured, storage=state.storage))
 
     def fingerprint_of() -> str:
-        return fingerprint("POST", "/v1/files", f"{purpose}\n{filename}\n{hashlib.sha256(data).hexdigest()}".encode())
+        return fingerprint("POST", "/v1/files", f"{purpose}\n{filename}\n{measured.sha256}".encode())
 
     return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=create,
                     fingerprint_of=fingerprint_of)
@@ -52,7 +51,8 @@ def get_file(file_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, 
 @router.get("/{file_id}/content")
 def get_file_content(file_id: str, state: StateDep, session: SessionDep, tenant: TenantDep) -> Response:
     f = files.get_file(session, tenant=tenant, file_id=file_id)
-    return Response(state.storage.get(f.storage_key), media_type="application/jsonl")
+    # Streamed: an output file of a 50,000-line batch can be hundreds of MB.
+    return StreamingResponse(read_chunks(state.storage.open(f.storage_key)), media_type="application/jsonl")
 
 
 @router.delete("/{file_id}")
