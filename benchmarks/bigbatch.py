@@ -34,19 +34,20 @@ from scratch_db import ScratchDatabase  # noqa: E402
 
 from yue2_jobs.core.net import free_port  # noqa: E402
 
-MB = 1024 * 1024
+MB = 1_000_000  # file sizes, decimal as OpenAI's "200 MB" (YUE2_MAX_FILE_BYTES is 200 MiB: it fits)
+MIB = 1024 * 1024  # memory
 
 
 def rss_mb(pid: int) -> dict[str, float]:
-    """A process's resident set now and its peak, in MB."""
+    """A process's resident set now and its peak, in MiB."""
     status = Path(f"/proc/{pid}/status").read_text()
-    values = {ln.split(":")[0]: int(ln.split()[1]) / 1024 for ln in status.splitlines()
+    values = {ln.split(":")[0]: int(ln.split()[1]) for ln in status.splitlines()  # kB
               if ln.startswith(("VmRSS", "VmHWM"))}
-    return {"rss": values["VmRSS"], "peak": values["VmHWM"]}
+    return {"rss": values["VmRSS"] * 1024 / MIB, "peak": values["VmHWM"] * 1024 / MIB}
 
 
 def reset_peak(pid: int) -> float:
-    """Make the process's peak its current RSS (clear_refs 5); returns that RSS in MB."""
+    """Make the process's peak its current RSS (clear_refs 5); returns that RSS in MiB."""
     try:
         Path(f"/proc/{pid}/clear_refs").write_text("5")
     except OSError:
@@ -59,13 +60,17 @@ def write_file(path: Path, *, lines: int, total_mb: float) -> int:
     from yue2_jobs.training.data import read_split
 
     pool = " ".join(r["text"] for c in ("general", "legal") for r in read_split(ROOT / "data", c, "eval"))
-    per_line = int(total_mb * MB / lines) - 90  # the JSON around each input
-    with path.open("w") as f:
+    budget = int(total_mb * MB / lines)  # bytes per line
+    with path.open("wb") as f:
         for i in range(lines):
-            start = (i * 7919) % (len(pool) - per_line)
-            text = pool[start:start + per_line]
-            f.write(json.dumps({"custom_id": f"big-{i}", "method": "POST", "url": "/v1/summarize",
-                                "body": {"input": text}}, ensure_ascii=False) + "\n")
+            start = (i * 7919) % (len(pool) - budget)
+            text = pool[start:start + budget]
+            line = b""
+            while not line or len(line) > budget:  # multi-byte characters and escapes: trim to the budget
+                line = json.dumps({"custom_id": f"big-{i}", "method": "POST", "url": "/v1/summarize",
+                                   "body": {"input": text}}, ensure_ascii=False).encode() + b"\n"
+                text = text[:len(text) - max(1, (len(line) - budget) // 2)]
+            f.write(line)
     return path.stat().st_size
 
 
@@ -156,7 +161,7 @@ def main() -> None:
             out = action()
             result[name] = {"seconds": time.perf_counter() - t0, "api_rss_before_mb": before,
                             "api_peak_growth_mb": rss_mb(api.pid)["peak"] - before}
-            print(f"{name}: {result[name]['seconds']:.1f}s, API peak +{result[name]['api_peak_growth_mb']:.0f} MB")
+            print(f"{name}: {result[name]['seconds']:.1f}s, API peak +{result[name]['api_peak_growth_mb']:.0f} MiB")
             return out
 
         worker_before = reset_peak(worker_pid)
@@ -196,16 +201,16 @@ def main() -> None:
     rows = [
         ("file", f"{args.lines} lines, {size / MB:.0f} MB", ""),
         ("upload s", f"{result['upload']['seconds']:.1f}", ""),
-        ("upload: API peak RSS growth MB", f"{result['upload']['api_peak_growth_mb']:.0f}", "<= 64"),
+        ("upload: API peak RSS growth MiB", f"{result['upload']['api_peak_growth_mb']:.0f}", "<= 64"),
         ("create s", f"{result['create']['seconds']:.1f}", "<= 10"),
-        ("create: API peak RSS growth MB", f"{result['create']['api_peak_growth_mb']:.0f}", "<= 64"),
+        ("create: API peak RSS growth MiB", f"{result['create']['api_peak_growth_mb']:.0f}", "<= 64"),
         ("jobs completed", f"{result['run']['request_counts']['completed']}/{args.lines}", ""),
         ("run s (echo runner)", f"{result['run']['seconds']:.0f}", ""),
         ("last job -> batch completed s", f"{result['run']['last_job_to_completed_s']:.1f}", ""),
         ("finalize alone s", f"{result['finalize_alone']['seconds']:.1f}", ""),
-        ("finalize alone: peak RSS growth MB", f"{result['finalize_alone']['peak_growth_mb']:.0f}", "<= 128"),
-        ("worker, whole run: peak RSS growth MB", f"{result['run']['worker_peak_growth_mb']:.0f}", ""),
-        ("download output: API peak RSS growth MB", f"{result['download']['api_peak_growth_mb']:.0f}", ""),
+        ("finalize alone: peak RSS growth MiB", f"{result['finalize_alone']['peak_growth_mb']:.0f}", "<= 128"),
+        ("worker, whole run: peak RSS growth MiB", f"{result['run']['worker_peak_growth_mb']:.0f}", ""),
+        ("download output: API peak RSS growth MiB", f"{result['download']['api_peak_growth_mb']:.0f}", ""),
     ]
     print()
     print(f"{'metric':<44} {'value':>22} {'target':>8}")

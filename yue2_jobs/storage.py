@@ -180,8 +180,10 @@ class S3Storage:
     def put_stream(self, key: str, stream: BinaryIO, *, content_type: str = "application/json") -> None:
         from boto3.s3.transfer import TransferConfig
 
-        # A multipart upload above 8 MB, two parts in flight: memory stays at a few parts.
+        # A multipart upload above 8 MiB, two parts in flight and two read ahead: memory stays at a few
+        # parts (s3transfer would read 10 ahead by default, 80 MiB).
         config = TransferConfig(multipart_threshold=8 * CHUNK, multipart_chunksize=8 * CHUNK, max_concurrency=2)
+        config.max_in_memory_upload_chunks = 2
         with _translate_boto(key, self.bucket):
             self.client.upload_fileobj(stream, self.bucket, self._key(key), ExtraArgs={"ContentType": content_type},
                                        Config=config)

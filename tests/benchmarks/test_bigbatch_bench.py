@@ -38,4 +38,4 @@ def test_bigbatch_benchmark_runs_a_small_file_through(tmp_path: Path) -> None:
     for step in ("upload", "create", "download"):
         assert result[step]["seconds"] > 0 and result[step]["api_rss_before_mb"] > 0
     assert result["finalize_alone"]["seconds"] > 0
-    assert "finalize alone: peak RSS growth MB" in proc.stdout
+    assert "finalize alone: peak RSS growth MiB" in proc.stdout
