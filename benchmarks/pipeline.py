@@ -55,10 +55,10 @@ def bare_tokens_per_s(texts: list[str], *, variant_dir: Path, batch: int, thread
     """What one worker process decodes without the pipeline: its runner (`ModelRunner`) with a
     worker's settings (continuous batching, the API's defaults for a `{"input": ...}` line, so the
     jobs' default mode and its chooser starting fresh, `batch` jobs per group, `threads` torch
-    threads), the groups admitted as the engine's queue runs low, as `workers/engine_loop.py` does.
-    Left out: claiming, recording, uploads and the broker, which is what efficiency measures."""
-    from collections import deque
-
+    threads). The jobs come in deliveries as a worker takes them (`batch` messages of `batch` ids,
+    its prefetch) and each delivery is drained before the next, its groups admitted as the
+    engine's queue runs low, as `workers/engine_loop.py` does. Left out: claiming, recording,
+    uploads and the broker, which is what efficiency measures."""
     import torch
 
     from workers.job_io import JobInput
@@ -69,28 +69,43 @@ def bare_tokens_per_s(texts: list[str], *, variant_dir: Path, batch: int, thread
     torch.set_num_threads(threads)
     settings = Settings(checkpoints={"base": variant_dir}, batch_max_jobs=batch, torch_threads=threads)
     runner = ModelRunner(variant="base", settings=settings)
-    engine = runner.engine
-    assert engine is not None, "the worker's default is continuous batching"
     jobs = [JobInput.of(id=str(i), kind="summarize", text=t,
                         params=validate_job({"input": t}, kind=None, settings=settings).params)
             for i, t in enumerate(texts)]
     assert all(runner.continuous_ok(j) for j in jobs)
-    todo = deque(jobs[i:i + batch] for i in range(0, len(jobs), batch))
+    delivery = batch * batch  # queue.make_celery: a worker prefetches batch_max_jobs messages of as many ids
     tokens, modes = 0, Counter[str]()
     t0 = time.perf_counter()
+    for start in range(0, len(jobs), delivery):
+        out = _drain(runner, jobs[start:start + delivery], batch)
+        tokens += sum(o.output_tokens for o in out)
+        modes.update(o.mode or "?" for o in out)
+    dt = time.perf_counter() - t0
+    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "jobs_per_s": len(jobs) / dt,
+            "mode": jobs[0].decoding_params.mode, "decoded_modes": dict(modes), "batching": settings.batching,
+            "delivery_jobs": delivery}
+
+
+def _drain(runner: Any, jobs: list[Any], batch: int) -> list[Any]:
+    """One delivery through the runner's engine until it is empty (`engine_loop._continuous_loop`
+    without the database): groups of `batch` admitted while the engine's queue is short, a row
+    that failed with its whole step rerun alone."""
+    from collections import deque
+
+    engine = runner.engine
+    todo = deque(jobs[i:i + batch] for i in range(0, len(jobs), batch))
+    by_id = {j.id: j for j in jobs}
+    outputs = []
     while todo or engine.has_work():
         while todo and len(engine.waiting) < engine.max_rows:
             requests, bad = runner.requests_for(todo.popleft())
             assert not bad, bad
             engine.submit(requests)
         for res in engine.step():
-            out = runner.output_of(res)
+            out = runner.run([by_id[res.request.key]])[0] if res.isolate else runner.output_of(res)
             assert not isinstance(out, Exception), out
-            tokens += out.output_tokens
-            modes[out.mode or "?"] += 1
-    dt = time.perf_counter() - t0
-    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt, "jobs_per_s": len(jobs) / dt,
-            "mode": jobs[0].decoding_params.mode, "decoded_modes": dict(modes), "batching": settings.batching}
+            outputs.append(out)
+    return outputs
 
 
 def efficiency_text(result: dict[str, Any]) -> str:
@@ -106,7 +121,8 @@ def efficiency_text(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--bare-jobs", type=int, default=2_000, help="texts the bare decoder runs (a prefix)")
+    parser.add_argument("--bare-jobs", type=int, default=10_000, help="texts the bare decoder runs (a prefix; "
+                        "the same as --jobs by default, so the chooser learns over as many jobs)")
     parser.add_argument("--batch", type=int, default=32, help="micro-batch size (YUE2_BATCH_MAX_JOBS)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the worker and the bare run")
     parser.add_argument("--rps", type=int, default=200, help="GET /v1/jobs/{id} requests per second")

@@ -56,9 +56,11 @@ class InvalidRequestError(PipelineError):
 class LimitExceededError(InvalidRequestError):
     """Raised when a request is over an explicit limit; the message names the field and the limit."""
 
-    def __init__(self, *, field: str, limit: int, actual: int, unit: str, status: int = 413) -> None:
-        super().__init__(f"{field} is {actual:,} {unit}, over the limit of {limit:,} {unit}", field=field,
-                         status=status, code="limit_exceeded")
+    def __init__(self, *, field: str, limit: int, actual: int, unit: str, status: int = 413,
+                 at_least: bool = False) -> None:
+        # `at_least`: `actual` is what was counted before stopping (a file is not read on past a limit)
+        super().__init__(f"{field} is {'at least ' if at_least else ''}{actual:,} {unit}, over the limit of "
+                         f"{limit:,} {unit}", field=field, status=status, code="limit_exceeded")
         self.limit, self.actual = limit, actual
 
 

@@ -7,6 +7,7 @@ object; boto3 and OS errors are translated into `StorageError`s here.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import shutil
 import tempfile
@@ -26,6 +27,7 @@ class Reader(Protocol):
 
 
 CHUNK = 1024 * 1024  # what a streamed read or write moves at a time
+SPOOL_BYTES = 8 * CHUNK  # a file written for storage (a batch's results) moves from memory to disk past this
 
 
 class Storage(Protocol):
@@ -60,20 +62,19 @@ class LocalStorage:
         return path
 
     def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        self.put_stream(key, io.BytesIO(data), content_type=content_type)
 
     def put_stream(self, key: str, stream: BinaryIO, *, content_type: str = "application/json") -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            shutil.copyfileobj(stream, f, CHUNK)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                shutil.copyfileobj(stream, f, CHUNK)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def get(self, key: str) -> bytes:
         try:

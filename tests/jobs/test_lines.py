@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from yue2_jobs.core.config import Settings
 from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 from yue2_jobs.jobs.keys import line_ref, parse_line_ref
-from yue2_jobs.jobs.lines import parse_batch_file, split_lines, stream_lines
+from yue2_jobs.jobs.lines import iter_batch_lines, max_line_bytes, parse_batch_file, split_lines, stream_lines
 
 SETTINGS = Settings(max_batch_items=5, max_input_chars=50)
 
@@ -93,49 +93,41 @@ class Pieces:
         pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(lines=st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\r", b"").replace(b"\n", b"")), max_size=12),
        seps=st.lists(st.sampled_from([b"\n", b"\r\n", b"\r", b"\n\n", b" \n"]), min_size=1, max_size=4),
-       sizes=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=5))
-def test_streamed_lines_are_the_lines_of_the_whole_file(lines: list[bytes], seps: list[bytes],
-                                                         sizes: list[int]) -> None:
+       sizes=st.lists(st.integers(min_value=1, max_value=7), min_size=1, max_size=5),
+       last_newline=st.booleans(), keep=st.integers(min_value=1, max_value=14))
+def test_streamed_lines_are_the_lines_of_the_whole_file(lines: list[bytes], seps: list[bytes], sizes: list[int],
+                                                         last_newline: bool, keep: int) -> None:
     data = b"".join(ln + seps[i % len(seps)] for i, ln in enumerate(lines))
-    assert list(stream_lines(Pieces(data, sizes), max_bytes=1000)) == list(split_lines(data))
+    if not last_newline and lines:
+        data = data[:len(data) - len(seps[(len(lines) - 1) % len(seps)])]
+    whole = list(split_lines(data))
+    assert list(stream_lines(Pieces(data, sizes), max_bytes=1000)) == whole
+    # A line longer than `keep` bytes comes back cut, with its whole span.
+    assert list(stream_lines(Pieces(data, sizes), max_bytes=keep)) == [(s, e, d[:keep]) for s, e, d in whole]
 
 
-def test_a_line_longer_than_the_limit_is_refused_while_it_is_read() -> None:
-    data = b'{"custom_id": "a"}\n' + b"x" * 5000 + b"\n"
-    with pytest.raises(LimitExceededError) as caught:
-        list(stream_lines(Pieces(data, [1000]), max_bytes=2048))
-    assert caught.value.field == "line 2" and caught.value.limit == 2048
+def test_a_line_too_long_to_read_whole_fails_alone() -> None:
+    settings_ = Settings(max_batch_items=5, max_input_chars=10)  # lines are read up to 24 x 10 + 64 KiB
+    huge = json.dumps(line("huge", input="x" * 70_000)).encode()
+    data = jsonl(line("ok", input="fine"), huge, line("after", input="also fine"))
+    cut = list(stream_lines(Pieces(data, [4096]), max_bytes=max_line_bytes(settings_)))
+    parsed = {p.custom_id: p for p in iter_batch_lines(cut, endpoint="/v1/summarize", settings=settings_)}
+    assert parsed["ok"].error is None and parsed["after"].error is None
+    error = parsed["huge"].error
+    assert isinstance(error, LimitExceededError) and error.field == "line 2" and error.actual == len(huge)
+    assert parsed["huge"].span == (data.index(huge), data.index(huge) + len(huge))
+    # One whose custom_id comes after its body cannot be matched to a result: the batch is refused.
+    nameless = json.dumps({"body": {"input": "x" * 70_000}, "custom_id": "late"}).encode()
+    cut = list(stream_lines(Pieces(jsonl(nameless), [4096]), max_bytes=max_line_bytes(settings_)))
+    with pytest.raises(InvalidRequestError, match="names no custom_id before its body"):
+        list(iter_batch_lines(cut, endpoint="/v1/summarize", settings=settings_))
 
 
-def test_an_experiment_assigns_the_variant_and_a_reference_is_text() -> None:
-    data = jsonl({**line("a", input="x"), "reference": "the summary"}, line("b", input="y", variant="legal"),
-                 {**line("c", input="z"), "reference": 3})
-    parsed = {p.custom_id: p for p in parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS,
-                                                       in_experiment=True)}
-    assert parsed["a"].error is None and parsed["a"].reference == "the summary"
-    assert parsed["b"].error is not None and parsed["b"].error.field == "body.variant"
-    assert parsed["c"].error is not None and parsed["c"].error.field == "reference"
-
-
-def test_input_shape_mistakes_are_named_with_the_shape_expected() -> None:
-    # A whole JSON array (a common first try) is named as such, with an example line.
-    data = json.dumps([line("a", input="x"), line("b", input="y")], indent=1).encode()
-    with pytest.raises(InvalidRequestError, match="is a JSON array; a batch input file is JSON Lines") as exc:
-        parse_batch_file(data, endpoint="/v1/summarize", settings=SETTINGS)
-    assert exc.value.field == "input_file_id" and '"custom_id": "doc-1"' in str(exc.value)
-    # A line that is not JSON says why and where.
-    with pytest.raises(InvalidRequestError, match=r"line 2 is not valid JSON \(Expecting .* at column 2\)"):
-        parse_batch_file(jsonl(line("a", input="x"), b"{not json"), endpoint="/v1/summarize", settings=SETTINGS)
-    with pytest.raises(InvalidRequestError, match="line 1 must be a JSON object, not a JSON string"):
-        parse_batch_file(jsonl("just text"), endpoint="/v1/summarize", settings=SETTINGS)
-    # A chat-completions body fails its line alone, naming the field we need and what it sent.
-    chat = line("c")
-    chat["body"] = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Summarise: ..."}]}
-    parsed = parse_batch_file(jsonl(line("a", input="x"), chat), endpoint="/v1/summarize", settings=SETTINGS)
-    error = parsed[1].error
-    assert parsed[0].error is None and error is not None and error.field == "body.input"
-    assert "chat-style fields (model, messages) are not accepted" in str(error)
-    assert '{"input": "..."}' in str(error)
+def test_a_json_array_on_one_long_line_is_named_as_such() -> None:
+    data = json.dumps([line(str(i), input="x" * 500) for i in range(200)]).encode()
+    cut = list(stream_lines(Pieces(data, [4096]), max_bytes=1024))
+    with pytest.raises(InvalidRequestError, match="is a JSON array"):
+        list(iter_batch_lines(cut, endpoint="/v1/summarize", settings=SETTINGS))

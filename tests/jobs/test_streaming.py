@@ -50,7 +50,7 @@ def _peak(action: Callable[[], Any]) -> tuple[int, Any]:
 def test_creating_and_finalizing_a_batch_take_no_more_memory_for_a_bigger_file(
         sessions: sessionmaker[Session], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     storage = LocalStorage(tmp_path / "storage")
-    monkeypatch.setattr(batches, "SPOOL_BYTES", 1024 * 1024)  # the result files go to disk past 1 MB (not 8)
+    monkeypatch.setattr(batches, "SPOOL_BYTES", 1024 * 1024)  # result files go to disk past 1 MB, not 8
     peaks: dict[int, dict[str, int]] = {}
     for n in (2_000, 10_000):
         file_id = _file(sessions, storage, n, tmp_path)

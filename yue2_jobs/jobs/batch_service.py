@@ -23,7 +23,7 @@ from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.capacity import no_worker_warnings
 from yue2_jobs.jobs.files import create_file, get_file
 from yue2_jobs.jobs.lines import iter_batch_lines, max_line_bytes, stream_lines
-from yue2_jobs.storage import Storage
+from yue2_jobs.storage import SPOOL_BYTES, Storage
 
 ENDED = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.FAILED)
 MAX_METADATA_PAIRS = 16
@@ -127,9 +127,6 @@ def retry_failed(session: Session, *, tenant: str, batch_id: str, settings: Sett
     session.execute(let_go)
     session.commit()
     return retried
-
-
-SPOOL_BYTES = 8 * 1024 * 1024  # a spooled file moves from memory to disk past this
 
 
 def _remember(lines: Iterator[tuple[int, int, bytes]], raw: dict[tuple[int, int], bytes]

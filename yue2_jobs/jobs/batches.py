@@ -19,7 +19,7 @@ from yue2_jobs.db.models import Batch, BatchStatus, File, Job, JobStatus
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.jobs.keys import batch_result_file_id, batch_result_key
 from yue2_jobs.jobs.outputs import facts_of, output_body, read_body, read_text
-from yue2_jobs.storage import Storage
+from yue2_jobs.storage import SPOOL_BYTES, Storage
 from yue2_jobs.webhooks.events import emit
 
 
@@ -93,7 +93,6 @@ def try_finalize(session: Session, *, batch_id: str, storage: Storage, force: bo
 RESULT_COLUMNS = ("id", "custom_id", "kind", "status", "variant", "checkpoint", "params", "output_key",
                   "output_text", "error", "input_tokens", "input_tokens_used", "output_tokens", "decoder_steps",
                   "nar_tokens", "decoded_mode", "chunks", "input_truncated")  # not the inputs: they can be large
-SPOOL_BYTES = 8 * 1024 * 1024  # a result file moves from memory to disk past this
 
 
 def _write_files(session: Session, *, batch_id: str, tenant: str, final: BatchStatus, storage: Storage) -> None:

@@ -51,7 +51,8 @@ class _Counting:
         chunk = self.stream.read(n)
         self.size += len(chunk)
         if self.size > self.max_bytes:
-            raise LimitExceededError(field="file", limit=self.max_bytes, actual=self.size, unit="bytes (at least)")
+            raise LimitExceededError(field="file", limit=self.max_bytes, actual=self.size, unit="bytes",
+                                     at_least=True)
         self.digest.update(chunk)
         return chunk
 
@@ -63,7 +64,7 @@ def measure(stream: BinaryIO, *, max_bytes: int) -> Measured:
     """One pass over an upload, a piece at a time, then back to its start; a file over `max_bytes`
     is refused as soon as it is read past them."""
     counting = _Counting(stream, max_bytes)
-    lines = sum(1 for _ in stream_lines(counting, max_bytes=max_bytes))
+    lines = sum(1 for _ in stream_lines(counting, max_bytes=1))  # counted, not kept
     stream.seek(0)
     return Measured(size=counting.size, sha256=counting.digest.hexdigest(), lines=lines)
 

@@ -45,32 +45,47 @@ def split_lines(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 
 
 def max_line_bytes(settings: Settings) -> int:
-    """The longest line a batch file may hold: an input and a reference at the character limit,
-    every character escaped (`\\u00e9`, 6 bytes), and room for the other fields."""
-    return 12 * settings.max_input_chars + 64 * 1024
+    """How much of one line a batch read keeps: an input and a reference at the character limit,
+    every character escaped (`\\ud83d\\ude00`, 12 bytes for one outside the BMP), and room for the
+    other fields. A longer line fails alone, as an input over the limit does."""
+    return 24 * settings.max_input_chars + 64 * 1024
+
+
+SEPARATORS = re.compile(rb"[\r\n]+")
 
 
 def stream_lines(reader: Reader, *, max_bytes: int) -> Iterator[tuple[int, int, bytes]]:
-    """The non-blank lines of a stream, as `split_lines` gives them (start and end offsets in the file),
-    read a piece at a time: only the current piece and one unfinished line are held."""
-    buf, base, n = b"", 0, 0  # base: the file offset of buf[0]
-    while True:
-        chunk = reader.read(CHUNK)
-        buf = buf + chunk if buf else chunk
-        keep = len(buf)
-        for m in LINE.finditer(buf):
-            if chunk and m.end() == len(buf):  # it may go on in the next piece
-                keep = m.start()
-                break
-            if m.group().strip():
-                n += 1
-                yield base + m.start(), base + m.end(), m.group()
-        if not chunk:
-            return
-        if len(buf) - keep > max_bytes:
-            raise LimitExceededError(field=f"line {n + 1}", limit=max_bytes, actual=len(buf) - keep,
-                                     unit="bytes (at least)", status=400)
-        base, buf = base + keep, buf[keep:]
+    """The non-blank lines of a stream, as `split_lines` gives them (start and end offsets in the
+    file), read a piece at a time. Only the piece and the current line's first `max_bytes` are
+    held: of a longer line the first `max_bytes` come back, with its whole span (so `end - start`
+    exceeds the bytes: the caller tells it was cut)."""
+    line = _Line(max_bytes)
+    offset = 0  # the file offset of the piece
+    while chunk := reader.read(CHUNK):
+        prev = 0
+        for m in SEPARATORS.finditer(chunk):
+            line.add(chunk[prev:m.start()])
+            if line.content:
+                yield line.start, offset + m.start(), b"".join(line.pieces)
+            line = _Line(max_bytes, start=offset + m.end())
+            prev = m.end()
+        line.add(chunk[prev:])
+        offset += len(chunk)
+    if line.content:
+        yield line.start, offset, b"".join(line.pieces)
+
+
+class _Line:
+    """The line being read: its start, its first `max_bytes`, whether it has a non-blank byte."""
+
+    def __init__(self, max_bytes: int, start: int = 0) -> None:
+        self.room, self.start, self.pieces, self.content = max_bytes, start, list[bytes](), False
+
+    def add(self, piece: bytes) -> None:
+        self.content = self.content or bool(piece.strip())
+        if self.room > 0 and piece:
+            self.pieces.append(piece[:self.room])
+            self.room -= len(self.pieces[-1])
 
 
 def _line_reference(line: dict[str, Any], *, n: int, settings: Settings, in_experiment: bool) -> str | None:
@@ -108,6 +123,15 @@ def _load(raw: bytes, n: int) -> tuple[dict[str, Any], InvalidRequestError | Non
         raise InvalidRequestError(f"line {n} must be a JSON object, not a JSON {_json_type(line)}: {LINE_SHAPE}",
                                   field=f"line {n}", status=400)
     return line, None
+
+
+def _custom_id_of_cut(head: bytes, n: int, seen: set[str]) -> str:
+    """The custom_id of a line too long to read whole, from its first bytes (first at the top level)."""
+    m = CUSTOM_ID.match(head)
+    if m is None:
+        raise InvalidRequestError(f"line {n} is longer than {len(head):,} bytes and names no custom_id before its "
+                                  "body, so its error cannot be matched to it", field=f"line {n}", status=400)
+    return _custom_id({"custom_id": json.loads(m.group(1))}, n, seen)
 
 
 def _json_type(value: Any) -> str:
@@ -155,7 +179,11 @@ def iter_batch_lines(lines: Iterable[tuple[int, int, bytes]], *, endpoint: str, 
             _refuse_json_array(raw)
         if n > settings.max_batch_items:
             raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=n,
-                                     unit="requests (at least)", status=400)
+                                     unit="requests", status=400, at_least=True)
+        if end - start > len(raw):  # longer than a read keeps (`max_line_bytes`): it fails alone
+            yield ParsedLine(_custom_id_of_cut(raw, n, seen), None, LimitExceededError(
+                field=f"line {n}", limit=len(raw), actual=end - start, unit="bytes", status=400), span=(start, end))
+            continue
         line, line_error = _load(raw, n)
         custom_id = _custom_id(line, n, seen)
         if line_error is not None:

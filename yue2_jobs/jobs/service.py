@@ -107,6 +107,8 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
     f = get_file(session, tenant=tenant, file_id=input_file_id, lock="share")  # not deleted while we read it
     per_line = len(variants_for(exp, "")) if exp else 1
     if f.lines is not None:  # counted at upload: refused before a byte is read
+        if f.lines == 0:
+            raise InvalidRequestError("input file has no requests", field="input_file_id", status=400)
         _check_size(f.lines, per_line=per_line, settings=settings)
     now = utcnow()
     batch = Batch(id=new_id("batch_"), tenant=tenant, input_file_id=f.id, endpoint=endpoint,
@@ -129,7 +131,7 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
                     to_enqueue.append((row["id"], row["variant"]))
             total += per_line
             if total > settings.max_batch_items:  # a file uploaded before lines were counted
-                _check_size(total // per_line, per_line=per_line, settings=settings)
+                _check_size(total // per_line, per_line=per_line, settings=settings, at_least=True)
             if len(rows) >= INSERT_ROWS:
                 session.execute(insert(Job), rows)
                 rows = []
@@ -145,13 +147,15 @@ def create_batch(session: Session, *, tenant: str, input_file_id: str, endpoint:
 INSERT_ROWS = 2000  # job rows per INSERT: few round trips, a few MB of rows in memory at a time
 
 
-def _check_size(lines: int, *, per_line: int, settings: Settings) -> None:
+def _check_size(lines: int, *, per_line: int, settings: Settings, at_least: bool = False) -> None:
+    """Refuse a batch of `lines` requests (`at_least`: counted so far) over the limit."""
     if lines > settings.max_batch_items:
         raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=lines,
-                                 unit="requests", status=400)
+                                 unit="requests", status=400, at_least=at_least)
     if lines * per_line > settings.max_batch_items:
         raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=lines * per_line,
-                                 unit="jobs (requests x variants)", status=400)
+                                 unit="jobs (requests x variants)", status=400,
+                                 at_least=at_least)
 
 
 def _line_row(line: ParsedLine, variant: str | None, *, batch: Batch, source_key: str, settings: Settings,
