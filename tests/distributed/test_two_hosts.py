@@ -52,9 +52,13 @@ def _live(sessions: Any) -> dict[str, WorkerProcess]:
     return {w.name: w for w in rows if w.heartbeat_at.timestamp() >= since_t}
 
 
-def _app_names(sessions: Any) -> set[str]:
+def _asks(sessions: Any, node: str) -> set[Any]:
+    """When `node`'s reconciler last asked for the lock (its connection's last query), if that is
+    what it last did."""
     with sessions() as session:
-        return set(session.execute(text("SELECT application_name FROM pg_stat_activity")).scalars())
+        return set(session.execute(text(
+            "SELECT query_start FROM pg_stat_activity WHERE application_name = :name "
+            "AND query LIKE 'SELECT pg_try_advisory_lock%'"), {"name": f"yue2-reconciler {node}"}).scalars())
 
 
 def _when(value: Any, test: Any) -> Any:
@@ -209,13 +213,16 @@ def _reconciler_fails_over(cluster: Cluster, sessions: Any) -> float:
     t_back = utcnow()
     wait_until(lambda: (w := _live(sessions).get(B_BASE)) is not None and w.heartbeat_at > t_back, timeout=60,
                what="host-b's worker to report again", cluster=cluster)
-    # Host-b's reconciler connects again (its name shows before it asks for the lock), then asks on
-    # every pass (0.5 s) and is refused: the holder stays host-a's for the next passes.
-    wait_until(lambda: f"yue2-reconciler {B_BASE}" in _app_names(sessions), timeout=60,
-               what="host-b's reconciler to connect again", cluster=cluster)
-    for _ in range(8):
-        assert _holder(sessions) == new
-        time.sleep(0.25)
+    # Host-b's reconciler connects again and asks for the lock on every pass (0.5 s): once it has
+    # asked twice (pg_stat_activity shows each ask's start), the holder is still host-a's.
+    asks: set[Any] = set()
+
+    def asked_twice() -> bool:
+        asks.update(_asks(sessions, B_BASE))
+        return len(asks) >= 2
+
+    wait_until(asked_twice, timeout=60, what="host-b's reconciler to ask for the lock again", cluster=cluster)
+    assert _holder(sessions) == new
     return failover
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ def _libc_prctl() -> Any:
 _PRCTL = _libc_prctl()
 
 
+@functools.cache  # fixed for a process's life; asked on every status report and swap poll
 def pid_space() -> str:
     """Names the process table this process's pid is a number in: the running kernel (its boot id)
     and the pid namespace. A pid another process wrote means something here only when their spaces

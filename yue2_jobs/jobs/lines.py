@@ -106,13 +106,9 @@ def _load(raw: bytes, n: int) -> tuple[dict[str, Any], InvalidRequestError | Non
     try:
         line = json.loads(raw)
     except RecursionError:
-        m = CUSTOM_ID.match(raw)
-        if m is None:
-            raise InvalidRequestError(f"line {n} is nested more than {MAX_JSON_DEPTH} levels deep and names no "
-                                      "custom_id before its body", field=f"line {n}", status=400) from None
         too_deep = InvalidRequestError(f"line {n} is nested more than {MAX_JSON_DEPTH} levels deep",
                                        field="body", status=400, code="limit_exceeded")
-        return {"custom_id": json.loads(m.group(1))}, too_deep
+        return _named_by_its_start(raw, n, f"is nested more than {MAX_JSON_DEPTH} levels deep"), too_deep
     except json.JSONDecodeError as exc:
         raise InvalidRequestError(f"line {n} is not valid JSON ({exc.msg} at column {exc.colno}); each line must "
                                   f"be one request object: {LINE_SHAPE}", field=f"line {n}", status=400) from None
@@ -125,13 +121,14 @@ def _load(raw: bytes, n: int) -> tuple[dict[str, Any], InvalidRequestError | Non
     return line, None
 
 
-def _custom_id_of_cut(head: bytes, n: int, seen: set[str]) -> str:
-    """The custom_id of a line too long to read whole, from its first bytes (first at the top level)."""
+def _named_by_its_start(head: bytes, n: int, problem: str) -> dict[str, Any]:
+    """A line that cannot be read whole (too deep, too long), as the custom_id at its start (first at
+    the top level), so that it fails alone; one that names none before its body refuses the batch."""
     m = CUSTOM_ID.match(head)
     if m is None:
-        raise InvalidRequestError(f"line {n} is longer than {len(head):,} bytes and names no custom_id before its "
-                                  "body, so its error cannot be matched to it", field=f"line {n}", status=400)
-    return _custom_id({"custom_id": json.loads(m.group(1))}, n, seen)
+        raise InvalidRequestError(f"line {n} {problem} and names no custom_id before its body, so its error "
+                                  "cannot be matched to it", field=f"line {n}", status=400)
+    return {"custom_id": json.loads(m.group(1))}
 
 
 def _json_type(value: Any) -> str:
@@ -181,7 +178,8 @@ def iter_batch_lines(lines: Iterable[tuple[int, int, bytes]], *, endpoint: str, 
             raise LimitExceededError(field="input_file_id", limit=settings.max_batch_items, actual=n,
                                      unit="requests", status=400, at_least=True)
         if end - start > len(raw):  # longer than a read keeps (`max_line_bytes`): it fails alone
-            yield ParsedLine(_custom_id_of_cut(raw, n, seen), None, LimitExceededError(
+            named = _named_by_its_start(raw, n, f"is longer than {len(raw):,} bytes")
+            yield ParsedLine(_custom_id(named, n, seen), None, LimitExceededError(
                 field=f"line {n}", limit=len(raw), actual=end - start, unit="bytes", status=400), span=(start, end))
             continue
         line, line_error = _load(raw, n)
