@@ -195,6 +195,14 @@ def _publish_and_converge(cluster: Cluster, sessions: Any, pids: dict[str, int])
                                                                    for n in (A_BASE, B_BASE))),
                       timeout=180, what=f"both base workers to serve {want}", cluster=cluster)
     assert {n: live[n].pid for n in (A_BASE, B_BASE)} == {n: pids[n] for n in (A_BASE, B_BASE)}  # no restart
+
+    def both_recorded_new() -> bool:  # both hosts go on decoding, now with the new weights
+        with sessions() as session:
+            return set(session.execute(select(Job.worker).where(Job.checkpoint == want,
+                                                                Job.status == JobStatus.SUCCEEDED)).scalars()) \
+                >= {A_BASE, B_BASE}
+
+    wait_until(both_recorded_new, timeout=120, what=f"both hosts to record jobs decoded by {want}", cluster=cluster)
     assert (_watchdog(sessions) or "").endswith("@api")  # host-a's watchdog stood by: one pass at a time
     assert "standing by: the watchdog" in (cluster.logs / "host-a-watchdog.log").read_text()
     assert "swapped" not in (cluster.logs / "host-a-watchdog.log").read_text()

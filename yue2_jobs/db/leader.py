@@ -57,11 +57,15 @@ class LeaderLock:
             return False
 
     def release(self) -> None:
-        """Drop the connection, and with it the lock if held."""
-        conn, self.conn, self.holding = self.conn, None, False
+        """Let go of the lock (at once: the server frees it only when a closed session's backend has
+        exited) and drop the connection."""
+        conn, holding, self.conn, self.holding = self.conn, self.holding, None, False
         if conn is not None:
+            if holding:
+                with contextlib.suppress(Exception):  # a dead connection has lost it already
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.key})
             with contextlib.suppress(Exception):
-                conn.invalidate()  # never back into the pool: its session holds the lock and the name
+                conn.invalidate()  # never back into the pool: its session carries the holder's name
             with contextlib.suppress(Exception):
                 conn.close()
 
