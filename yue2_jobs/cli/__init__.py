@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     # every command seconds of torch import.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(train_arguments="train" in argv[:1]).parse_args(argv)
+    args = build_parser(train_arguments=argv[:1] in (["train"], ["train-drafter"])).parse_args(argv)
     try:
         args.func(args)
     except KeyboardInterrupt:

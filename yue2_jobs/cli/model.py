@@ -1,4 +1,5 @@
-"""`yue2 convert-bart | train | eval | summarize`: the model tools (each imports torch when run)."""
+"""`yue2 convert-bart | train | train-drafter | eval | summarize`: the model tools (each imports torch
+when run)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,31 @@ def _train(args: argparse.Namespace) -> None:
     from yue2_jobs.training.train import TrainArgs, train
 
     train(TrainArgs(**{k: v for k, v in vars(args).items() if k in TrainArgs.__dataclass_fields__}))
+
+
+def _batch_texts(batch_id: str) -> list[str]:
+    """A finished batch's input texts, read from the pipeline's storage (`jobs.batch_inputs`)."""
+    from yue2_jobs.cli.common import settings
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.jobs.batch_inputs import iter_batch_texts
+    from yue2_jobs.storage import storage_from_url
+
+    s = settings()
+    store = storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)
+    with session_factory(s.resolved_database_url)() as session:
+        return list(iter_batch_texts(session, storage=store, settings=s, batch_id=batch_id))
+
+
+def _train_drafter(args: argparse.Namespace) -> None:
+    from yue2_jobs.training.drafter import DrafterArgs, train_drafter
+
+    if args.batch and args.inputs:
+        from yue2_jobs.errors import DataError
+
+        raise DataError("train-drafter takes --inputs FILE or --batch BATCH_ID, not both")
+    texts = _batch_texts(args.batch) if args.batch else None
+    train_drafter(DrafterArgs(**{k: v for k, v in vars(args).items() if k in DrafterArgs.__dataclass_fields__}),
+                  texts=texts, source=f"batch {args.batch}" if args.batch else None)
 
 
 def _eval(args: argparse.Namespace) -> None:
@@ -65,8 +91,8 @@ def _add_dtype(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any, *, train_arguments: bool) -> None:
-    """`train_arguments=False` leaves the train command's options out: they come from the training
-    module, which imports torch, and no other command need pay for it."""
+    """`train_arguments=False` leaves the train and train-drafter commands' options out: they come from
+    the training modules, which import torch, and no other command need pay for it."""
     p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory")
     p.add_argument("src", help="a local BartForConditionalGeneration directory (config, weights, tokenizer)")
     p.add_argument("dst", help="the YuE2 checkpoint directory to write")
@@ -78,6 +104,16 @@ def add_commands(sub: Any, *, train_arguments: bool) -> None:
 
         add_arguments(p)
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("train-drafter", help="train a checkpoint's drafter on unlabelled inputs (its own outputs "
+                                             "are the targets; the AR weights stay byte-identical)")
+    if train_arguments:
+        from yue2_jobs.training.drafter import add_arguments as add_drafter_arguments
+
+        add_drafter_arguments(p)
+    p.add_argument("--batch", default=None, help="train on a finished batch's inputs, read from the pipeline's "
+                                                 "storage (YUE2_* settings), instead of --inputs")
+    p.set_defaults(func=_train_drafter)
 
     p = sub.add_parser("eval", help="ROUGE-1/2/L and degenerate share of checkpoints (and lead-1) on held-out sets")
     p.add_argument("checkpoint", nargs="+", help="checkpoint directories to score, e.g. checkpoints/base")

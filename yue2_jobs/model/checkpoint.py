@@ -49,8 +49,11 @@ def directory_version(directory: str | os.PathLike[str]) -> str:
     return manifest_version(path.read_bytes())[0] if path.is_file() else "unversioned"
 
 
-def write_manifest(directory: str | os.PathLike[str]) -> dict[str, dict[str, object]]:
-    """Hash every file under `directory` (except the manifest) and write manifest.json atomically."""
+def write_manifest(directory: str | os.PathLike[str], *,
+                   notes: dict[str, object] | None = None) -> dict[str, dict[str, object]]:
+    """Hash every file under `directory` (except the manifest) and write manifest.json atomically.
+    `notes`: more top-level fields saying how the checkpoint was made (`train-drafter` writes
+    `drafter`: what it trained from and that the AR weights are byte-identical); loading ignores them."""
     root = Path(directory)
     files = {
         p.relative_to(root).as_posix(): {"sha256": _sha256(p), "size": p.stat().st_size}
@@ -58,7 +61,8 @@ def write_manifest(directory: str | os.PathLike[str]) -> dict[str, dict[str, obj
         if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
     }
     tmp = root / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"format": MANIFEST_FORMAT, "files": files}, indent=2, sort_keys=True) + "\n")
+    body = {**(notes or {}), "format": MANIFEST_FORMAT, "files": files}
+    tmp.write_text(json.dumps(body, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, root / MANIFEST)
     return files
 
@@ -138,14 +142,23 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[Yue2ForCondition
     return loaded.model, loaded.tokenizer
 
 
+def read_manifest_notes(directory: str | os.PathLike[str]) -> dict[str, object]:
+    """The manifest's fields besides `format` and `files` (empty without a manifest)."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        return {}
+    body = json.loads(path.read_text())
+    return {k: v for k, v in body.items() if k not in ("format", "files")}
+
+
 def save_checkpoint(model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase | None,
-                    directory: str | os.PathLike[str]) -> Path:
-    """Write tokenizer, weights, config and generation config, then the manifest."""
+                    directory: str | os.PathLike[str], *, notes: dict[str, object] | None = None) -> Path:
+    """Write tokenizer, weights, config and generation config, then the manifest (with `notes`)."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     (root / MANIFEST).unlink(missing_ok=True)  # invalid until rewritten below
     if tokenizer is not None:
         tokenizer.save_pretrained(root)
     model.save_pretrained(root)
-    write_manifest(root)  # last: until it exists, the directory is not a valid checkpoint
+    write_manifest(root, notes=notes)  # last: until it exists, the directory is not a valid checkpoint
     return root

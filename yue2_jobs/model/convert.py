@@ -1,9 +1,10 @@
 """Import a BART checkpoint into YuE2 (and export YuE2's AR path back to BART).
 
 The encoder and AR branch have BART's exact shapes, so the import is a renaming plus
-fusing q/k/v into one projection; the NAR branch and confidence head start freshly
-initialised. Export is the inverse and lets Hugging Face's own `generate` run on the
-very same weights (the benchmark's baseline).
+fusing q/k/v into one projection; the NAR branch starts as a copy of the AR branch's top
+layer (`init_drafter_from_ar`) and the confidence head fresh, ready for `yue2 train-drafter`.
+Export is the inverse and lets Hugging Face's own `generate` run on the very same weights (the
+benchmark's baseline).
 """
 
 from __future__ import annotations
@@ -83,12 +84,13 @@ def yue2_from_bart(bart: BartForConditionalGeneration) -> Yue2ForConditionalGene
     for name in new_state:
         bart_names = _bart_names_for(name)
         if bart_names is None:
-            continue  # NAR branch and confidence head keep their fresh initialisation
+            continue  # the drafter: started from the AR branch below
         missing = [n for n in bart_names if n not in src]
         if missing:
             raise CheckpointError(f"BART checkpoint lacks {missing[0]}")
         new_state[name] = torch.cat([src[n] for n in bart_names], dim=0)
     model.load_state_dict(new_state)
+    model.init_drafter_from_ar()
     return model.eval()
 
 

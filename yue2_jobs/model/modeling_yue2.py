@@ -31,6 +31,14 @@ from transformers.utils import GENERATION_CONFIG_NAME
 from yue2_jobs.model.configuration_yue2 import Yue2Config
 
 POSITION_OFFSET = 2  # BART reserves the first two rows of its position table
+# State-dict entries of the drafter (NAR branch, confidence head, draft vocabulary); every other
+# entry is the encoder and AR branch, whose weights decide every `ar` output.
+DRAFTER_PREFIXES = ("nar_slot_embed.", "nar_layernorm_embedding.", "nar_layers.", "confidence_head.", "draft_vocab")
+
+
+def is_drafter_key(name: str) -> bool:
+    """Whether a state-dict entry belongs to the drafter (training it never changes an `ar` output)."""
+    return name.startswith(DRAFTER_PREFIXES)
 
 
 @dataclass
@@ -576,6 +584,25 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
             x = layer.step(x, layout=layout, cross_kv=enc.nar_cross_kv[i], enc_mask=enc.mask)
         logits = layout.draft_logits(x).reshape(b, k, -1)  # (B, K, V_d)
         return logits, self.confidence_head(x.view(b, k, c), logits)
+
+    @torch.no_grad()
+    def init_drafter_from_ar(self) -> None:
+        """Start the drafter afresh from the AR branch: NAR layer i a copy of AR layer
+        `decoder_layers - nar_layers + i` (the top ones: they already map a hidden state and a
+        token to the next token's features, which is what slot 1 needs one position further on),
+        the slot embeddings small and random, the confidence head re-initialised and the draft
+        vocabulary the whole vocabulary. What a converted BART starts from, and `train-drafter
+        --fresh`."""
+        ar, nar = self.ar_layers(), self.nar_blocks()
+        for i, layer in enumerate(nar):
+            layer.load_state_dict(ar[max(0, len(ar) - len(nar) + i)].state_dict())
+        self.nar_layernorm_embedding.reset_parameters()
+        self.nar_slot_embed.weight.normal_(0.0, self.config.init_std)
+        for module in self.confidence_head.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.normal_(0.0, self.config.init_std)
+                module.bias.zero_()
+        self.set_draft_vocab(None)
 
     # ---- the Hugging Face entry point ---------------------------------------------------------
 

@@ -36,14 +36,14 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from yue2_jobs.decode.session import DecodeSession
 from yue2_jobs.model import Yue2Config, Yue2ForConditionalGeneration
 from yue2_jobs.model.checkpoint import save_checkpoint
 from yue2_jobs.model.device import resolve_device
 from yue2_jobs.model.tokenizer import clean_copy, train_tokenizer
 from yue2_jobs.training.batches import batch_for_step, collate, denoising_pairs, encode_pairs, mixed_batch
 from yue2_jobs.training.data import read_split
-from yue2_jobs.training.draft_vocab import DEFAULT_COVERAGE, coverage_of, shortlist
+from yue2_jobs.training.distill import build_draft_vocab, distilled_pairs
+from yue2_jobs.training.draft_vocab import DEFAULT_COVERAGE
 from yue2_jobs.training.losses import input_dependence, reliability_table, stage_loss
 
 STAGES = ("denoise", "ar", "nar", "confidence")
@@ -89,14 +89,15 @@ class TrainArgs:
         return {k: v for k, v in asdict(self).items() if k not in ("stop_after", "threads", "save_every")}
 
 
-def _lr_at(step: int, total: int, args: TrainArgs) -> float:
-    if step < args.warmup:
-        return args.lr * (step + 1) / args.warmup
-    progress = (step - args.warmup) / max(1, total - args.warmup)
-    return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+def lr_at(step: int, total: int, *, lr: float, warmup: int) -> float:
+    """Linear warm-up, then a cosine down to a tenth of the peak at `total`."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _train_mode(model: Yue2ForConditionalGeneration, stage: str) -> None:
+def train_mode(model: Yue2ForConditionalGeneration, stage: str) -> None:
     """Dropout only where weights train: the frozen encoder and AR branch must give the NAR
     stages the same hidden states and argmax targets they give at inference."""
     model.train(stage in ("denoise", "ar"))
@@ -104,7 +105,7 @@ def _train_mode(model: Yue2ForConditionalGeneration, stage: str) -> None:
         model.nar_layers.train()
 
 
-def _trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn.Parameter]:
+def trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn.Parameter]:
     for p in model.parameters():
         p.requires_grad_(stage in ("denoise", "ar"))
     if stage == "nar":
@@ -113,26 +114,6 @@ def _trainable(model: Yue2ForConditionalGeneration, stage: str) -> list[torch.nn
     if stage == "confidence":
         model.confidence_head.requires_grad_(True)
     return [p for p in model.parameters() if p.requires_grad]
-
-
-@torch.no_grad()
-def _self_distill_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
-                          args: TrainArgs, device: torch.device, desc: str) -> list[tuple[list[int], list[int]]]:
-    """Replace each target with the AR branch's own greedy output for that input."""
-    model.eval()
-    pad, eos = model.config.pad_token_id, model.config.eos_token_id
-    order = sorted(range(len(pairs)), key=lambda i: len(pairs[i][0]))
-    session = DecodeSession(model)  # the weights change between stages: a session per distillation
-    results: dict[int, list[int]] = {}
-    for start in tqdm(range(0, len(order), 64), desc=desc, leave=False):
-        idx = order[start : start + 64]
-        batch = collate([pairs[i] for i in idx], pad, device)
-        seqs = session.generate(batch["input_ids"], batch["attention_mask"], mode="ar",
-                                max_new_tokens=args.max_target_tokens).sequences[:, 1:].tolist()
-        for i, seq in zip(idx, seqs, strict=True):
-            cut = seq.index(eos) + 1 if eos in seq else len(seq)
-            results[i] = seq[:cut]
-    return [(src, results[i]) for i, (src, _) in enumerate(pairs)]
 
 
 def _distill_subset(pairs: list[tuple[list[int], list[int]]], args: TrainArgs) -> list[tuple[list[int], list[int]]]:
@@ -202,7 +183,7 @@ def train(args: TrainArgs) -> Path | None:
         start = done["step"] if stage == done["stage"] else 0
         if start >= steps[stage]:
             continue
-        params = _trainable(model, stage)
+        params = trainable(model, stage)
         opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
         if start and (state_dir / "optimizer.pt").is_file():
             opt.load_state_dict(torch.load(state_dir / "optimizer.pt", weights_only=True))
@@ -210,11 +191,12 @@ def train(args: TrainArgs) -> Path | None:
         if stage in ("denoise", "ar"):
             data = pairs
         else:  # the AR branch is frozen from here on: its greedy outputs serve both later stages
-            distilled = distilled or _self_distill_targets(model, _distill_subset(pairs, args), args, device,
-                                                           f"{stage}: AR targets")
+            distilled = distilled or distilled_pairs(model, [src for src, _ in _distill_subset(pairs, args)],
+                                                     max_new_tokens=args.max_target_tokens, device=device,
+                                                     desc=f"{stage}: AR targets")
             data = distilled
             if stage == "nar" and start == 0:
-                _build_draft_vocab(model, distilled, args)
+                print(build_draft_vocab(model, distilled, coverage=args.draft_coverage))
         denoising = (denoising_pairs(pairs, model.config, seed=args.seed, max_target_tokens=args.max_target_tokens)
                      if share else data)
         lengths = [len(src) for src, _ in data]
@@ -226,13 +208,13 @@ def train(args: TrainArgs) -> Path | None:
                 print(f"\nstopped after {args.stop_after} steps; run again with the same arguments to resume")
                 return None
             budget -= 1
-            _train_mode(model, stage)
+            train_mode(model, stage)
             torch.manual_seed(args.seed * 7919 + STAGES.index(stage) * 1_000_000 + step)
             indices = batch_for_step(lengths, step, args.batch_size, args.seed)
             batch = collate(mixed_batch(data, denoising, indices, share=share, seed=args.seed, step=step),
                              model.config.pad_token_id, device)
             for group in opt.param_groups:
-                group["lr"] = _lr_at(step, steps[stage], args)
+                group["lr"] = lr_at(step, steps[stage], lr=args.lr, warmup=args.warmup)
             loss = stage_loss(model, stage, batch, label_smoothing=args.label_smoothing)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -245,11 +227,7 @@ def train(args: TrainArgs) -> Path | None:
         nxt = STAGES.index(stage) + 1
         if nxt < len(STAGES):
             _save_state(state_dir, model, tokenizer, None, args, STAGES[nxt], 0)
-    model.eval()
-    true_loss, swapped_loss = input_dependence(model, eval_pairs, device)
-    print(f"held-out AR loss {true_loss:.3f}; with inputs swapped between examples {swapped_loss:.3f}")
-    print("confidence head reliability (held-out inputs, AR greedy sequences):")
-    print(reliability_table(model, _self_distill_targets(model, eval_pairs, args, device, "eval targets"), device))
+    _closing_report(model, eval_pairs, args, device)
     model.to("cpu")
     # Positions beyond the training length are untrained: inference truncates inputs there.
     save_checkpoint(model, clean_copy(tokenizer, model_max_length=args.max_source_tokens), out)
@@ -258,16 +236,16 @@ def train(args: TrainArgs) -> Path | None:
     return out
 
 
-def _build_draft_vocab(model: Yue2ForConditionalGeneration, distilled: list[tuple[list[int], list[int]]],
-                      args: TrainArgs) -> None:
-    targets = [tgt for _, tgt in distilled]
-    if not args.draft_coverage:
-        model.set_draft_vocab(None)
-        return
-    ids = shortlist(targets, coverage=args.draft_coverage, always=[model.config.eos_token_id])
-    model.set_draft_vocab(ids)
-    print(f"draft vocabulary: {len(ids)} of {model.config.vocab_size} ids, covering "
-          f"{coverage_of(ids, targets):.3f} of the AR branch's output tokens")
+def _closing_report(model: Yue2ForConditionalGeneration, eval_pairs: list[tuple[list[int], list[int]]],
+                    args: TrainArgs, device: torch.device) -> None:
+    """How much the model reads its input, and how well its confidence head is calibrated."""
+    model.eval()
+    true_loss, swapped_loss = input_dependence(model, eval_pairs, device)
+    print(f"held-out AR loss {true_loss:.3f}; with inputs swapped between examples {swapped_loss:.3f}")
+    print("confidence head reliability (held-out inputs, AR greedy sequences):")
+    eval_distilled = distilled_pairs(model, [src for src, _ in eval_pairs], max_new_tokens=args.max_target_tokens,
+                                     device=device, desc="eval targets")
+    print(reliability_table(model, eval_distilled, device))
 
 
 def _save_state(state_dir: Path, model: Yue2ForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
