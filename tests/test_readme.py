@@ -2,7 +2,10 @@
 fresh checkout's point of view (the venv exists: `make test` made it), against the real Postgres
 and Redis with a scratch database and Redis database of this test's own. Two things differ from a
 person at a terminal, both here in the open: `make test` runs as `make -n test` (this test is part
-of `make test`; running it would recurse), and `make demo` submits 8 summaries instead of 200.
+of `make test`; running it would recurse), `make demo` submits 8 summaries instead of 200, and
+`yue2 train-drafter` trains on 160 texts for 40 + 10 steps instead of 2,000 + 300 (minutes). The
+README's own model (`BART_DIR`) is shipped base's AR path exported as a BART directory, and its
+texts (`MY_TEXTS`) the general eval set.
 Blocks marked `sh docker` need Docker and are the only ones skipped. The environment points the
 commands at this test's own database, Redis database, ports and temporary directory (variables
 the README's commands read), so the run never meets another test's state, and it runs beside the
@@ -30,6 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_DB = 12  # no other test uses it
 PRELUDE = """set -euo pipefail
 make() { if [ "$*" = "test" ]; then command make -n test; else command make "$@"; fi; }
+yue2() {  # in a background job or $(...) it execs, so `kill %1` reaches the program itself
+  local extra=()
+  if [ "${1:-}" = train-drafter ]; then extra=(--max-inputs 160 --steps 40 --confidence-steps 10); fi
+  if [ "$BASHPID" = "$$" ]; then command yue2 "$@" "${extra[@]}"; else exec yue2 "$@" "${extra[@]}"; fi
+}
 """
 
 
@@ -69,6 +77,17 @@ def _servers() -> None:
         service_unavailable("Redis at 127.0.0.1:6379", exc)
 
 
+def _bart_dir(path: Path) -> Path:
+    """Shipped base's AR path as a Hugging Face BART directory: what a user brings."""
+    from yue2_jobs.model.checkpoint import load_checkpoint
+    from yue2_jobs.model.convert import bart_from_yue2
+
+    model, tokenizer = load_checkpoint(ROOT / "checkpoints" / "base")
+    bart_from_yue2(model).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
     _servers()
     blocks = [body for info, body in readme_blocks() if info != "sh docker"]
@@ -81,7 +100,8 @@ def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
     env.update(YUE2_DATABASE_URL=PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{database}",
                YUE2_BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_DB}", YUE2_STACK_S3_PORT=str(free_port()),
                YUE2_API_PORT=str(api_port), YUE2_API_URL=f"http://127.0.0.1:{api_port}", DEMO_ITEMS="8",
-               TMPDIR=str(tmp_path))  # the README's `mktemp -d` lands here
+               TMPDIR=str(tmp_path),  # the README's `mktemp -d` lands here
+               BART_DIR=str(_bart_dir(tmp_path / "bart")), MY_TEXTS=str(ROOT / "data" / "general" / "eval.jsonl.gz"))
     log = tmp_path / "readme.log"
     proc = subprocess.Popen(["bash", str(script)], cwd=ROOT, env=env, stdout=log.open("wb"),
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -94,7 +114,11 @@ def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
             assert out.count(f'"custom_id": "{custom_id}", "error": null, "response": {{"status_code": 200') == 1
         assert '"status": "succeeded"' in out  # the curl job
         assert out.count('"decoding": {"mode": "') == 2  # an output line's mode where a job's view has it
-        assert "stack: stopped moto" in out
+        assert out.count("stack: stopped moto") == 2
+        # Bring your own model: a drafter trained, the AR weights checked, published, compared, served.
+        assert out.count("live tau") == 2 and "saved my-model-drafted (encoder and AR weights byte-identical" in out
+        assert re.search(r"active: mine@\w+", out)
+        assert re.search(r"\(paired, control mine-ar\): 4 finished jobs", out), out[-4000:]
         # `make demo` (8 summaries): the embedded pipeline ran every job, on both variants.
         assert "SQLite database, filesystem queue, local storage" in out
         assert out.split("p50 job latency s\n", 1)[1].split()[:2] == ["8", "0"]  # jobs succeeded, failed

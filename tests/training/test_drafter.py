@@ -147,3 +147,13 @@ def test_the_command_names_its_inputs_problems(converted, texts_file, tmp_path, 
     assert cli_main(["train-drafter", str(converted), "--out", out, "--inputs", str(texts_file), "--batch",
                      "batch_x"]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_a_drafter_of_another_shape_starts_from_the_ar_branch(converted, texts_file, tmp_path):
+    out = train_drafter(_args(converted, tmp_path / "wide", texts_file, nar_layers=2, block_size=2, steps=2))
+    model, _ = load_checkpoint(out)
+    assert (model.config.nar_layers, model.config.nar_block_size) == (2, 2)
+    before, after = load_file(converted / "model.safetensors"), load_file(out / "model.safetensors")
+    assert ar_fingerprint(before) == ar_fingerprint(after)
+    notes = read_manifest_notes(out)["drafter"]
+    assert isinstance(notes, dict) and notes["fresh"] is True and notes["nar_layers"] == 2

@@ -140,9 +140,9 @@ class StepLayout:
     """The model's matrices laid out for inference: the AR and NAR branches' for decode steps
     (few tokens per row), and the encoder's and the cross-attention K/V projections for the prefill.
 
-    `linear(x, module)` equals `module(x)` (to rounding), `lm_logits` the tied vocabulary
-    projection, `draft_logits` the NAR branch's projection onto the draft vocabulary (the model's
-    `draft_vocab`; all of the vocabulary when the model has none).
+    `linear(x, module)` equals `module(x)` (to rounding), `lm_logits` the vocabulary projection,
+    `draft_logits` the NAR branch's projection onto the draft vocabulary (the model's `draft_vocab`;
+    all of the vocabulary when the model has none).
     `weights="int8"` (CPU only) quantizes every one of them; embeddings, norms and attention stay
     in the model's dtype.
     """
@@ -150,7 +150,7 @@ class StepLayout:
     def __init__(self, model: Yue2ForConditionalGeneration, *, weights: WeightFormat = "float") -> None:
         if weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {weights!r}")
-        vocab = model.shared.weight.detach()
+        vocab = model.output_weight().detach()
         if weights == "int8" and vocab.device.type != "cpu":
             raise ValueError("int8 weights run on the CPU (torch._int_mm); on CUDA use bfloat16")
         self.key, self.weights = weights_key(model), weights
@@ -198,7 +198,7 @@ def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], .
     their layout cannot be known to be current, so it is rebuilt on every use.
     """
     weights = (*model.encoder_layers.parameters(), *model.decoder_layers.parameters(),
-               *model.nar_layers.parameters(), model.shared.weight,
+               *model.nar_layers.parameters(), model.shared.weight, model.output_weight(),
                model.final_logits_bias, *([] if model.draft_vocab is None else [model.draft_vocab]))
     if any(w.is_inference() for w in weights):
         return None

@@ -36,7 +36,7 @@ class Yue2Config(PretrainedConfig):
 
     Args:
         vocab_size (`int`): Number of tokens; shared by the encoder, both decoder branches
-            and the tied output projection.
+            and the output projection.
         d_model (`int`): Width of every hidden state.
         encoder_layers (`int`): Number of encoder blocks.
         decoder_layers (`int`): Number of AR decoder blocks (causal self-attention,
@@ -75,6 +75,8 @@ class Yue2Config(PretrainedConfig):
         unk_token_id (`int`): Stand-in for unknown symbols (unused by byte-level BPE but
             kept for tokenizer compatibility).
         decoder_start_token_id (`int`): First decoder input token (BART uses EOS).
+        tie_word_embeddings (`bool`): The output projection is the token embedding matrix (as in
+            BART); False gives the model an `lm_head` of its own (a widened model needs one).
 
     Decoding defaults (`forced_bos_token_id`, `forced_eos_token_id`) live in the model's
     `generation_config` (generation_config.json), as transformers 5 requires.

@@ -70,6 +70,7 @@ def yue2_config_from_bart(bart: BartConfig, **overrides: object) -> Yue2Config:
     if getattr(bart, "normalize_before", False) or getattr(bart, "add_final_layer_norm", False):
         raise CheckpointError("pre-LayerNorm BART variants (mBART-style) are not supported")
     fields = {f: getattr(bart, f) for f in SHARED_FIELDS if hasattr(bart, f)}
+    fields["tie_word_embeddings"] = getattr(bart, "tie_word_embeddings", True)
     # BART's fields arrive as a mapping of names the two configs share; Yue2Config checks them.
     return Yue2Config(**fields, **overrides)  # type: ignore[arg-type]
 
@@ -89,6 +90,8 @@ def yue2_from_bart(bart: BartForConditionalGeneration) -> Yue2ForConditionalGene
         if missing:
             raise CheckpointError(f"BART checkpoint lacks {missing[0]}")
         new_state[name] = torch.cat([src[n] for n in bart_names], dim=0)
+    if model.lm_head is not None:  # an untied BART: its own output matrix
+        new_state["lm_head.weight"] = src["lm_head.weight"]
     model.load_state_dict(new_state)
     model.init_drafter_from_ar()
     return model.eval()
@@ -97,7 +100,8 @@ def yue2_from_bart(bart: BartForConditionalGeneration) -> Yue2ForConditionalGene
 def bart_from_yue2(model: Yue2ForConditionalGeneration) -> BartForConditionalGeneration:
     """The AR path of `model` as a `BartForConditionalGeneration` with identical weights."""
     cfg = model.config
-    bart = BartForConditionalGeneration(BartConfig(**{f: getattr(cfg, f) for f in SHARED_FIELDS}))
+    bart = BartForConditionalGeneration(BartConfig(**{f: getattr(cfg, f) for f in SHARED_FIELDS},
+                                                   tie_word_embeddings=model.lm_head is None))
     target = bart.state_dict()
     for name, tensor in model.state_dict().items():
         bart_names = _bart_names_for(name)
@@ -105,7 +109,7 @@ def bart_from_yue2(model: Yue2ForConditionalGeneration) -> BartForConditionalGen
             continue
         for bart_name, part in zip(bart_names, tensor.chunk(len(bart_names), dim=0), strict=True):
             target[bart_name] = part.clone()
-    target["lm_head.weight"] = target["model.shared.weight"]
+    target["lm_head.weight"] = model.output_weight().detach().clone()
     for side in ("encoder", "decoder"):
         target[f"model.{side}.embed_tokens.weight"] = target["model.shared.weight"]
     bart.load_state_dict(target)

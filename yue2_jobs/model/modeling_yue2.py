@@ -393,6 +393,11 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         self.nar_layers = nn.ModuleList(Yue2NarLayer(config) for _ in range(config.nar_layers))
         self.confidence_head = Yue2ConfidenceHead(config)
         self.final_logits_bias = nn.Buffer(torch.zeros(1, config.vocab_size))
+        # The output projection is the token embedding (tied, as in BART) unless the config unties
+        # it: a widened model needs input embeddings replicated and output rows scaled down, two
+        # scales one matrix cannot hold (`benchmarks/grown.py`).
+        self.lm_head: nn.Linear | None = (
+            None if config.tie_word_embeddings else nn.Linear(c, config.vocab_size, bias=False))
         # (V_d,) sorted token ids; None (a buffer slot the state dict skips): the whole vocabulary
         self.draft_vocab: torch.Tensor | None
         self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size) if config.draft_vocab_size else None)
@@ -425,9 +430,13 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         x = self.shared(ids)
         return x * self.embed_scale if self.embed_scale != 1.0 else x
 
+    def output_weight(self) -> torch.Tensor:
+        """(V, C): the output projection's matrix, the token embedding unless the config unties them."""
+        return self.shared.weight if self.lm_head is None else self.lm_head.weight
+
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Tied output projection: (..., C) -> (..., V)."""
-        return F.linear(hidden, self.shared.weight, self.final_logits_bias[0])
+        """Output projection: (..., C) -> (..., V)."""
+        return F.linear(hidden, self.output_weight(), self.final_logits_bias[0])
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The NAR branch's output projection: (..., C) -> (..., V_d), onto the draft vocabulary
@@ -435,7 +444,7 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         if self.draft_vocab is None:
             return self.lm_logits(hidden)
         ids = self.draft_vocab
-        return F.linear(hidden, self.shared.weight[ids], self.final_logits_bias[0, ids])
+        return F.linear(hidden, self.output_weight()[ids], self.final_logits_bias[0, ids])
 
     def set_draft_vocab(self, ids: torch.Tensor | Sequence[int] | None) -> None:
         """Restrict what the NAR branch drafts to these token ids (None: the whole vocabulary).

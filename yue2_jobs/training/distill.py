@@ -10,6 +10,7 @@ cache file as they come (one JSON line per input) and a killed run picks up wher
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def ar_outputs(model: Yue2ForConditionalGeneration, sources: Sequence[list[int]]
     sink = cache.open("a") if cache is not None else None
     try:
         bar = tqdm(total=len(sources), initial=len(sources) - len(todo), desc=desc, unit="input",
-                   mininterval=1.0)
+                   mininterval=0.5 if sys.stderr.isatty() else 30.0)
         for start in range(0, len(todo), DISTILL_BATCH):
             idx = todo[start : start + DISTILL_BATCH]
             batch = collate([(sources[i], [eos]) for i in idx], pad, device)

@@ -66,6 +66,8 @@ class DrafterArgs:
     eval_rows: int = 64
     draft_coverage: float = DEFAULT_COVERAGE
     fresh: bool = False
+    nar_layers: int = 0  # 0: the checkpoint's; another number reshapes the drafter (and starts it fresh)
+    block_size: int = 0  # K, drafts per step; 0: the checkpoint's; another number starts the drafter fresh
     seed: int = 0
     device: str = "auto"
     save_every: int = 200
@@ -85,6 +87,24 @@ def ar_fingerprint(state: Mapping[str, torch.Tensor]) -> str:
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
+
+
+def _reshaped(model: Yue2ForConditionalGeneration, args: DrafterArgs) -> Yue2ForConditionalGeneration:
+    """`model` itself, or (when `nar_layers` or `block_size` asks for another drafter shape) a model of
+    that shape with `model`'s encoder and AR weights, its drafter still to be initialised."""
+    cfg = model.config
+    layers, k = args.nar_layers or cfg.nar_layers, args.block_size or cfg.nar_block_size
+    if (layers, k) == (cfg.nar_layers, cfg.nar_block_size):
+        return model
+    fields = {key: v for key, v in cfg.to_dict().items() if key not in ("architectures", "transformers_version",
+                                                                        "model_type", "dtype", "torch_dtype")}
+    new = Yue2ForConditionalGeneration(type(cfg)(**{**fields, "nar_layers": layers, "nar_block_size": k,
+                                                    "draft_vocab_size": 0}))
+    keep = {name: t for name, t in model.state_dict().items() if not is_drafter_key(name)}
+    result = new.load_state_dict(keep, strict=False)
+    assert not result.unexpected_keys and all(is_drafter_key(n) for n in result.missing_keys)
+    new.generation_config = model.generation_config
+    return new.eval()
 
 
 def _split(n: int, args: DrafterArgs) -> tuple[list[int], list[int]]:
@@ -205,14 +225,14 @@ def train_drafter(args: DrafterArgs, *, texts: list[str] | None = None, source: 
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_verified(args.checkpoint)
-    model, tokenizer = loaded.model, loaded.tokenizer
+    model, tokenizer = _reshaped(loaded.model, args), loaded.tokenizer
     ar_before = ar_fingerprint(load_file(Path(args.checkpoint) / "model.safetensors"))
     state_dir = out.with_name(out.name + ".train-state")
     identity = {**args.identity(), "checkpoint_version": directory_version(args.checkpoint),
                 "inputs_sha256": _inputs_fingerprint(texts)}
     model.to(device)  # type: ignore[arg-type]  # transformers types its `wraps`-decorated `to` as unbound
     torch.manual_seed(args.seed)
-    if args.fresh:
+    if args.fresh or model is not loaded.model:
         model.init_drafter_from_ar()
     meta = _resume(state_dir, model, identity, device)
     limit = args.max_source_tokens or min(int(tokenizer.model_max_length), model.config.max_position_embeddings)
@@ -245,7 +265,8 @@ def train_drafter(args: DrafterArgs, *, texts: list[str] | None = None, source: 
     after = _measure(model, held_out, args, device)
     notes: dict[str, object] = {"drafter": {
         "trained_by": "yue2 train-drafter", "from_checkpoint": str(args.checkpoint),
-        "from_version": identity["checkpoint_version"], "fresh": args.fresh,
+        "from_version": identity["checkpoint_version"], "fresh": args.fresh or model is not loaded.model,
+        "nar_layers": model.config.nar_layers, "block_size": model.config.nar_block_size,
         "inputs": {"source": source or str(args.inputs), "count": len(texts), "sha256": identity["inputs_sha256"],
                    "held_out": len(held_out)},
         "steps": steps, "draft_vocab_size": model.config.draft_vocab_size,
@@ -301,6 +322,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                        "a batch input file as the API takes it")
     parser.add_argument("--fresh", action="store_true",
                         help="start the drafter afresh from the AR branch's top layers instead of fine-tuning it")
+    parser.add_argument("--nar-layers", type=int, default=0,
+                        help="layers of the NAR branch (0: the checkpoint's; another number starts it fresh)")
+    parser.add_argument("--block-size", type=int, default=0,
+                        help="K, tokens drafted per step (0: the checkpoint's; another number starts it fresh)")
     for name in HELP:
         value = getattr(defaults, name)
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value, help=HELP[name])
