@@ -106,7 +106,7 @@ def _batches(tokenizer: Any, texts: list[str], bs: int) -> list[dict[str, torch.
 
 def run(name: str, width: int, args: Any, workdir: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     small, tokenizer = load_checkpoint(ROOT / "checkpoints" / name)
-    model = grow(small, d_model=width, ffn_dim=4 * width, vocab_size=VOCAB)
+    model = grow(small, d_model=width, ffn_dim=4 * width, vocab_size=args.vocab)
     what = f"{name} grown to {width}"
     data = read_split(ROOT / "data", "general" if name == "base" else name, "eval")[: args.texts]
     texts, refs = [r["text"] for r in data], [r["summary"] for r in data]
@@ -118,14 +118,15 @@ def run(name: str, width: int, args: Any, workdir: Path) -> tuple[list[dict[str,
     controls = {"repetition_penalty": gen.repetition_penalty or 1.0,
                 "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
     probe = [tokenizer.convert_ids_to_tokens(tokenizer(texts[0], truncation=True, max_length=256)["input_ids"])]
-    engines = peers._engines(model, padded_tokenizer(tokenizer, VOCAB), workdir / f"{name}-{width}", probe,
-                             max_new_tokens=args.max_new_tokens, min_accept_prob=0.05, controls=controls)
+    engines = peers._engines(model, padded_tokenizer(tokenizer, args.vocab), workdir / f"{name}-{width}", probe,
+                             max_new_tokens=args.max_new_tokens, min_accept_prob=0.05, controls=controls,
+                             dtypes=tuple(args.dtypes))
     rows = []
     for bs in args.batch_sizes:
         peers.measure(engines, _batches(tokenizer, texts, bs), args.repeats)
         rows += peers.report(engines, batch=bs, what=what, refs=refs, tokenizer=tokenizer)
         peers.print_rows(rows[-len(engines):])
-    return rows, {"checkpoint": name, "width": width, "ffn": 4 * width, "vocab": VOCAB,
+    return rows, {"checkpoint": name, "width": width, "ffn": 4 * width, "vocab": args.vocab,
                   "encoder_layers": model.config.encoder_layers, "decoder_layers": model.config.decoder_layers,
                   "parameters": sum(p.numel() for p in model.parameters()), "same_tokens": check}
 
@@ -135,8 +136,11 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for what, batch in sorted({(r["what"], r["batch"]) for r in rows}):
         by = {r["engine"].split(" (")[0]: r for r in rows if r["what"] == what and r["batch"] == batch}
-        line: dict[str, Any] = {"what": what, "batch": batch, "tau": by["ours hybrid float32"]["tau"]}
+        line: dict[str, Any] = {"what": what, "batch": batch,
+                                "tau": next(r["tau"] for n, r in by.items() if n.startswith("ours hybrid"))}
         for dtype in ("float32", "int8"):
+            if f"ours ar {dtype}" not in by:
+                continue
             line[f"hybrid_vs_ar_{dtype}"] = by[f"ours hybrid {dtype}"]["tok_s"] / by[f"ours ar {dtype}"]["tok_s"]
             ct = by.get(f"CTranslate2 {dtype}")
             if ct is not None:
@@ -160,6 +164,9 @@ def main() -> None:
     parser.set_defaults(batch_sizes=[1, 8])
     parser.add_argument("--checkpoints", nargs="*", default=["base", "legal"])
     parser.add_argument("--widths", type=int, nargs="*", default=[768, 1152], help="d_model, multiples of 192")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of the grown model (BART's)")
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "int8"], choices=["float32", "int8"],
+                        help="weights of both engines (int8 needs AVX-512 VNNI to be fast here: see layout.py)")
     args = parser.parse_args()
     apply_common_arguments(args)
     rows, models = [], []

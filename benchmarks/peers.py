@@ -145,9 +145,10 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
 
 
 def _engines(model: Yue2ForConditionalGeneration, tokenizer: Any, workdir: Path, probe: list[list[str]], *,
-             max_new_tokens: int, min_accept_prob: float, controls: dict[str, Any]) -> list[Engine]:
+             max_new_tokens: int, min_accept_prob: float, controls: dict[str, Any],
+             dtypes: tuple[str, ...] = ("float32", "int8")) -> list[Engine]:
     engines = []
-    for dtype in ("float32", "int8"):
+    for dtype in dtypes:
         session = DecodeSession(model, dtype=dtype)
         for mode in ("ar", "hybrid"):
             engines.append(ours(session, f"ours {mode} {dtype}", mode, max_new_tokens=max_new_tokens,
@@ -155,7 +156,7 @@ def _engines(model: Yue2ForConditionalGeneration, tokenizer: Any, workdir: Path,
     if ct2.available():
         hf = bart_from_yue2(model).eval()
         forced = model.generation_config.forced_eos_token_id
-        for quant in ("float32", "int8"):
+        for quant in dtypes:
             translator, threads = ct2.fastest_cpu_translator(ct2.convert(hf, tokenizer, workdir, quantization=quant),
                                                              probe)
             engines.append(peer(translator, tokenizer, f"CTranslate2 {quant} ({threads} thr)", quant,
