@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,41 @@ def test_a_drafter_of_another_shape_starts_from_the_ar_branch(converted, texts_f
     assert ar_fingerprint(before) == ar_fingerprint(after)
     notes = read_manifest_notes(out)["drafter"]
     assert isinstance(notes, dict) and notes["fresh"] is True and notes["nar_layers"] == 2
+
+
+def test_the_command_trains_on_a_finished_batchs_inputs(converted, tmp_path, monkeypatch, capsys):
+    """`--batch BATCH_ID`: the pipeline's own traffic, read back from its storage (the embedded
+    settings here: SQLite and a local directory under YUE2_HOME)."""
+    from sqlalchemy import update
+
+    from yue2_jobs.cli import main as cli_main
+    from yue2_jobs.core.config import Settings
+    from yue2_jobs.db.migrate import upgrade_head
+    from yue2_jobs.db.models import Batch, BatchStatus
+    from yue2_jobs.db.session import session_factory
+    from yue2_jobs.jobs import files, service
+    from yue2_jobs.storage import storage_from_url
+
+    for name in [k for k in os.environ if k.startswith("YUE2_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("YUE2_HOME", str(tmp_path / "home"))
+    settings = Settings()
+    upgrade_head(settings.resolved_database_url)
+    storage = storage_from_url(settings.resolved_storage_url)
+    rows = read_split(ROOT / "data", "general", "eval")[:20]
+    data = "".join(json.dumps({"custom_id": r["id"], "method": "POST", "url": "/v1/summarize",
+                               "body": {"input": r["text"]}}) + "\n" for r in rows)
+    with session_factory(settings.resolved_database_url)() as session:
+        file = files.create_file(session, tenant="t", filename="in.jsonl", purpose="batch", data=data.encode(),
+                                 storage=storage)
+        batch, _ = service.create_batch(session, tenant="t", input_file_id=file.id, endpoint="/v1/summarize",
+                                        completion_window="24h", metadata=None, settings=settings, storage=storage)
+        session.execute(update(Batch).where(Batch.id == batch.id).values(status=BatchStatus.COMPLETED))
+        session.commit()
+    out = tmp_path / "from-batch"
+    argv = ["train-drafter", str(converted), "--out", str(out), "--batch", batch.id, "--steps", "2",
+            "--confidence-steps", "1", "--batch-size", "4", "--max-new-tokens", "12", "--threads", "1"]
+    assert cli_main(argv) == 0, capsys.readouterr().err
+    notes = read_manifest_notes(out)["drafter"]
+    assert isinstance(notes, dict) and notes["inputs"]["source"] == f"batch {batch.id}"
+    assert notes["inputs"]["count"] == 20 and notes["inputs"]["held_out"] == 4
