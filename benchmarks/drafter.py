@@ -26,7 +26,7 @@ from yue2_jobs.model.modeling_yue2 import Yue2ForConditionalGeneration
 from yue2_jobs.training.batches import encode_pairs
 from yue2_jobs.training.data import read_split
 from yue2_jobs.training.distill import distilled_pairs
-from yue2_jobs.training.draft_quality import slot_hits, teacher_forced  # noqa: F401 - slot_hits: probes import it from here
+from yue2_jobs.training.draft_quality import teacher_forced
 
 
 def ar_targets(model: Yue2ForConditionalGeneration, pairs: list[tuple[list[int], list[int]]],
