@@ -68,6 +68,26 @@ def test_int8_rows_do_not_depend_on_each_other(linear, kernel):
     assert float(err.max()) > 0  # the check sees quantization at all
 
 
+def test_int8_products_are_exact_integer_sums_at_this_cpus_activation_width():
+    """fbgemm's kernel at the width its self-check chose (8-bit activations on AVX-512 VNNI, 7-bit on
+    AVX2): every product equals the integer sums of the quantized operands, scaled."""
+    from yue2_jobs.decode.layout import fbgemm_activation_levels
+
+    levels = fbgemm_activation_levels()
+    if not levels:
+        pytest.skip("fbgemm is not this machine's quantized engine, or its sums are not exact here")
+    torch.manual_seed(0)
+    w = torch.randn(256, 320)
+    m = Int8Matrix(w, torch.zeros(256))
+    assert m.packed is not None and m.levels == levels
+    x = torch.randn(6, 320) * torch.logspace(-3, 3, 6)[:, None]
+    s = x.abs().amax(-1, keepdim=True) / levels
+    xi = torch.round(x / s)
+    q = torch.round(w / m.scale[:, None]).clamp(-127, 127)
+    exact = (xi.double() @ q.double().t()) * m.scale.double() * s.double()
+    torch.testing.assert_close(m(x).double(), exact, rtol=1e-6, atol=1e-6 * float(exact.abs().max()))
+
+
 def test_draft_vocabulary_projects_onto_its_ids(tiny_yue2, tiny_config):
     model = _copy(tiny_yue2)
     ids = torch.tensor([2, 5, 9, 40, 41, 299])

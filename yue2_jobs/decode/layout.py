@@ -77,11 +77,15 @@ def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
 class Int8Matrix:
     """One matrix in int8 (symmetric, per output channel): `x (M, in) fp32 -> (M, out) fp32`.
 
-    x is quantized per row (symmetric, scale max|x_row| / 127) to integers x_i, and
+    x is quantized per row (symmetric, scale max|x_row| / L) to integers x_i, and
     y = (x_i @ W_q.T) * s_col * s_row + bias with exact int32 sums. On x86 the product is fbgemm's
-    static-input int8 linear (input scale 1, zero point 128, so x_i enters it unrounded; one
-    kernel from M = 1 to the verify pass's 1 + K slots, 0.6 -> 0.8 ms for the BART-base vocabulary);
-    elsewhere `torch._int_mm`."""
+    static-input int8 linear (input scale 1, so x_i enters it unrounded; one kernel from M = 1 to
+    the verify pass's 1 + K slots, 0.6 -> 0.8 ms for the BART-base vocabulary on AVX-512 VNNI);
+    elsewhere `torch._int_mm`. L is 127 (zero point 128) where fbgemm's sums are exact for 8-bit
+    activations; on CPUs whose kernel adds u8 x s8 pairs in saturating int16 (AVX2 without VNNI)
+    it is 63 (zero point 64: unsigned inputs up to 127, so a pair's sum stays within int16 and
+    the sums stay exact), where `torch._int_mm` was about 10x slower than fp32
+    (`fbgemm_activation_levels`)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
         w = weight.detach().float()
@@ -89,14 +93,16 @@ class Int8Matrix:
         q = torch.round(w / self.scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()  # (out, in)
         self.bias = bias.detach().float().clone()  # (out,)
         self.packed = _fbgemm_pack(q, self.scale)
+        self.levels = fbgemm_activation_levels() if self.packed is not None else 127
         self.q = q if self.packed is None else None
         self.out_features, self.in_features = q.shape
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        s = x.abs().amax(-1, keepdim=True).div_(127.0).clamp_(min=1e-30)  # (M, 1)
-        xi = torch.div(x, s).round_()  # integers in [-127, 127]
+        s = x.abs().amax(-1, keepdim=True).div_(self.levels).clamp_(min=1e-30)  # (M, 1)
+        xi = torch.div(x, s).round_()  # integers in [-levels, levels]
         if self.packed is not None:
-            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(xi, 1.0, 128, self.packed)
+            y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(xi, 1.0, self.levels + 1,
+                                                                                  self.packed)
             return torch.addcmul(self.bias, y, s)  # y already carries s_col
         assert self.q is not None
         y = torch._int_mm(xi.to(torch.int8), self.q.t()).to(x.dtype)  # (M, out), exact
@@ -105,8 +111,8 @@ class Int8Matrix:
 
 def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor) -> Any | None:
     """fbgemm's packed int8 weight (x86 only), or None where the quantized engine lacks it or its
-    sums are not exact on this CPU."""
-    if "fbgemm" not in torch.backends.quantized.supported_engines or not _fbgemm_is_exact():
+    sums are not exact on this CPU at any activation width."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not fbgemm_activation_levels():
         return None
     with warnings.catch_warnings():  # quantized tensors are deprecated as a user type; the kernel is not
         warnings.simplefilter("ignore")
@@ -115,22 +121,28 @@ def _fbgemm_pack(q: torch.Tensor, scale: torch.Tensor) -> Any | None:
 
 
 @functools.cache
-def _fbgemm_is_exact() -> bool:
-    """Whether fbgemm's int8 product equals exact integer arithmetic here on the worst case (every
-    activation and weight at +-127). Its AVX-512 VNNI kernels sum in int32; older x86 kernels pair
-    u8 x s8 products in saturating int16, which inputs at zero point 128 can overflow: there the
-    slower `torch._int_mm` is used instead."""
+def fbgemm_activation_levels() -> int:
+    """The widest activation range (127 or 63, zero point one above it) for which fbgemm's int8
+    product equals exact integer arithmetic here on the worst cases (every weight at +-127, every
+    activation at the range's ends); 0 where neither does. Its AVX-512 VNNI kernels sum in int32;
+    older x86 kernels add u8 x s8 pairs in saturating int16, which 8-bit inputs at zero point 128
+    overflow (255 x 127 x 2) and 7-bit inputs at zero point 64 cannot (127 x 127 x 2 < 32,768)."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        return 0
     q = torch.full((16, 64), 127, dtype=torch.int8)
     q[1::2] = -127
-    x = torch.full((3, 64), 127.0)
-    x[1] = -127.0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         wq = torch._make_per_channel_quantized_tensor(q, torch.ones(16, dtype=torch.double),
                                                       torch.zeros(16, dtype=torch.long), 0)
         packed = torch.ops.quantized.linear_prepack(wq, None)
-    got = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, 1.0, 128, packed)
-    return torch.equal(got, x @ q.float().t())
+    for levels in (127, 63):
+        x = torch.full((4, 64), float(levels))
+        x[1], x[3, ::2] = -levels, -levels
+        got = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(x, 1.0, levels + 1, packed)
+        if torch.equal(got, x @ q.float().t()):
+            return levels
+    return 0
 
 
 Matrix = DenseMatrix | Int8Matrix
