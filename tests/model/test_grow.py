@@ -74,3 +74,20 @@ def test_growing_refuses_a_narrower_shape(small):
         grow(small, d_model=48, ffn_dim=96, vocab_size=400)
     with pytest.raises(ValueError, match="shrink"):
         grow(small, d_model=64, ffn_dim=32, vocab_size=400)
+
+
+def test_a_grown_model_grows_again_and_scaled_embeddings_stay_scaled(small):
+    """An untied source (a grown model) keeps its own output rows; with `scale_embedding` the inputs
+    are scaled by the old width's square root, not the new one's."""
+    ids, mask = random_inputs(4, vocab=300, seed=7)
+    twice = grow(grow(small, d_model=64, ffn_dim=96, vocab_size=400), d_model=128, ffn_dim=256, vocab_size=500)
+    cfg = Yue2Config(**{**{k: v for k, v in small.config.to_dict().items()
+                           if k not in ("architectures", "transformers_version", "model_type", "dtype")},
+                        "scale_embedding": True})
+    scaled = Yue2ForConditionalGeneration(cfg).eval()
+    scaled.load_state_dict(small.state_dict())
+    with torch.no_grad():
+        for source, grown in ((small, twice), (scaled, grow(scaled, d_model=128, ffn_dim=192, vocab_size=300))):
+            a = source(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :8]).logits
+            b = grown(input_ids=ids, attention_mask=mask, decoder_input_ids=ids[:, :8]).logits
+            assert (a - b[..., :300]).abs().max() < 1e-4

@@ -103,13 +103,32 @@ def test_a_run_killed_anywhere_resumes_to_the_same_drafter(converted, texts_file
         train_drafter(_args(converted, out, texts_file))
 
 
-def test_a_resume_with_other_inputs_is_refused(converted, texts_file, tmp_path):
+def test_a_resume_with_other_inputs_is_refused(converted, texts_file, tmp_path, monkeypatch):
     out = tmp_path / "c"
     assert train_drafter(_args(converted, out, texts_file, stop_after=1)) is None
     other = tmp_path / "other.jsonl"
     other.write_text(texts_file.read_text().replace("a", "e", 1))
     with pytest.raises(DataError, match="other arguments or inputs"):
         train_drafter(_args(converted, out, other))
+    # Killed while its targets were still being decoded: the cache is never read by another run.
+    from yue2_jobs.training import drafter
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drafter, "distilled_pairs", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(_args(converted, tmp_path / "d", texts_file))
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="other arguments or inputs"):
+        train_drafter(_args(converted, tmp_path / "d", other))
+
+
+def test_before_is_the_checkpoints_own_drafter_even_when_restarted(converted, texts_file, tmp_path):
+    kept = train_drafter(_args(converted, tmp_path / "kept", texts_file, steps=1, confidence_steps=0))
+    fresh = train_drafter(_args(converted, tmp_path / "fresh", texts_file, steps=1, confidence_steps=0,
+                                nar_layers=2))
+    assert read_manifest_notes(kept)["drafter"]["before"] == read_manifest_notes(fresh)["drafter"]["before"]
 
 
 def test_every_input_shape_a_user_has_is_read(tmp_path):
@@ -145,9 +164,8 @@ def test_the_command_names_its_inputs_problems(converted, texts_file, tmp_path, 
     assert "--inputs FILE or --batch BATCH_ID" in capsys.readouterr().err
     assert cli_main(["train-drafter", str(converted), "--out", out, "--inputs", str(tmp_path / "none.jsonl")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert cli_main(["train-drafter", str(converted), "--out", out, "--inputs", str(texts_file), "--batch",
-                     "batch_x"]) == 2
-    assert "not both" in capsys.readouterr().err
+    with pytest.raises(DataError, match="exactly one of them"):
+        train_drafter(_args(converted, tmp_path / "y", texts_file), texts=["a text", "another"])
 
 
 def test_a_drafter_of_another_shape_starts_from_the_ar_branch(converted, texts_file, tmp_path):

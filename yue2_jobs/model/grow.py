@@ -90,6 +90,7 @@ def grow(model: Yue2ForConditionalGeneration, *, d_model: int, ffn_dim: int, voc
     torch.manual_seed(seed)
     grown = Yue2ForConditionalGeneration(new_cfg).eval()  # extra vocabulary rows keep its random init
     hid, ffn = _Map(cfg.d_model, d_model), _Map(cfg.encoder_ffn_dim, ffn_dim)
+    r = d_model // cfg.d_model
     fused = {"qkv_proj": _Map.concat(hid, hid, hid), "kv_proj": _Map.concat(hid, hid)}
     conf_in = _Map.concat(hid, _Map(2, 2))  # the confidence head reads the hidden state and two scalars
     state, new_state = model.state_dict(), grown.state_dict()
@@ -101,9 +102,13 @@ def grow(model: Yue2ForConditionalGeneration, *, d_model: int, ffn_dim: int, voc
         elif name == "final_logits_bias":
             new_state[name][:, :v] = t
             new_state[name][:, v:] = MASKED_BIAS
+        elif name == "lm_head.weight":
+            continue  # an untied source's output rows: grown with the embedding, below
         elif name == "shared.weight":
-            new_state[name][:v] = _columns(t, hid)
-            new_state["lm_head.weight"][:v] = _columns(model.output_weight(), hid) / (d_model // cfg.d_model)
+            # With scale_embedding the model multiplies embeddings by sqrt(d_model), which grows
+            # by sqrt(r): the copied rows are divided by it, so the scaled inputs stay as they were.
+            new_state[name][:v] = _columns(t, hid) / (r**0.5 if cfg.scale_embedding else 1.0)
+            new_state["lm_head.weight"][:v] = _columns(model.output_weight(), hid) / r
         elif name == "confidence_head.fc1.weight" or name == "confidence_head.fc1.bias":
             w, b = _linear(state["confidence_head.fc1.weight"], state["confidence_head.fc1.bias"],
                            out=_Map(t.shape[0], t.shape[0]), inp=conf_in)

@@ -9,7 +9,8 @@ output of the new checkpoint is the old one's; only the speed changes.
 
 1. Load the checkpoint (verified) and fingerprint its encoder and AR weights.
 2. Hold out `eval_rows` inputs (seeded); decode every input with `ar` (`distill.py`), the
-   outputs cached in the run's state directory as they come.
+   outputs cached in the run's state directory as they come (its arguments and inputs recorded
+   there first, so a run with others never reads the cache).
 3. Measure the drafter it has: teacher-forced tau on the held-out outputs, and live `hybrid` tau.
 4. Build the draft vocabulary from the training outputs; `fresh` restarts the drafter from the
    AR branch (`Yue2ForConditionalGeneration.init_drafter_from_ar`), else it is fine-tuned.
@@ -104,7 +105,7 @@ def _reshaped(model: Yue2ForConditionalGeneration, args: DrafterArgs) -> Yue2For
     result = new.load_state_dict(keep, strict=False)
     assert not result.unexpected_keys and all(is_drafter_key(n) for n in result.missing_keys)
     new.generation_config = model.generation_config
-    return new.eval()
+    return new.to(dtype=model.dtype).eval()  # type: ignore[call-arg]  # transformers types its `wraps`-decorated `to` as unbound
 
 
 def _split(n: int, args: DrafterArgs) -> tuple[list[int], list[int]]:
@@ -135,28 +136,41 @@ def _save_state(state_dir: Path, model: Yue2ForConditionalGeneration, opt: torch
         torch.save(opt.state_dict(), state_dir / "optimizer.pt")
     else:
         (state_dir / "optimizer.pt").unlink(missing_ok=True)
+    _write_meta(state_dir, meta)
+
+
+def _write_meta(state_dir: Path, meta: dict[str, Any]) -> None:
     tmp = state_dir / "meta.json.tmp"
     tmp.write_text(json.dumps(meta))
     tmp.replace(state_dir / "meta.json")
 
 
-def _resume(state_dir: Path, model: Yue2ForConditionalGeneration, identity: dict[str, object],
-            device: torch.device) -> dict[str, Any]:
-    """Where a stopped run left off (its drafter loaded into `model`), or a new run's start."""
+def _read_meta(state_dir: Path, identity: dict[str, object]) -> dict[str, Any]:
+    """Where a stopped run left off, or a new run's start; written at once, before anything is cached
+    in `state_dir`, so a cache is never read by a run with other arguments or inputs."""
     meta_path = state_dir / "meta.json"
     if not meta_path.is_file():
-        return {"identity": identity, "stage": STAGES[0], "step": 0, "before": None}
-    meta: dict[str, Any] = json.loads(meta_path.read_text())
+        meta: dict[str, Any] = {"identity": identity, "stage": STAGES[0], "step": 0, "before": None}
+        state_dir.mkdir(parents=True, exist_ok=True)
+        _write_meta(state_dir, meta)
+        return meta
+    meta = json.loads(meta_path.read_text())
     if meta["identity"] != identity:
         raise DataError(f"{state_dir} holds a run with other arguments or inputs; delete it or pass the same ones")
-    if (state_dir / "drafter.safetensors").is_file():
-        state = load_file(state_dir / "drafter.safetensors", device=str(device))
-        model.set_draft_vocab(state.get("draft_vocab"))
-        result = model.load_state_dict(state, strict=False)
-        if result.unexpected_keys:
-            raise DataError(f"{state_dir} holds weights this checkpoint does not have: {result.unexpected_keys[:3]}")
-        print(f"resuming from {state_dir}: stage {meta['stage']}, step {meta['step']}")
     return meta
+
+
+def _load_drafter(state_dir: Path, model: Yue2ForConditionalGeneration, meta: dict[str, Any],
+                  device: torch.device) -> None:
+    """A stopped run's drafter, into `model` (nothing when the run had not saved one yet)."""
+    if not (state_dir / "drafter.safetensors").is_file():
+        return
+    state = load_file(state_dir / "drafter.safetensors", device=str(device))
+    model.set_draft_vocab(state.get("draft_vocab"))
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise DataError(f"{state_dir} holds weights this checkpoint does not have: {result.unexpected_keys[:3]}")
+    print(f"resuming from {state_dir}: stage {meta['stage']}, step {meta['step']}")
 
 
 def _train_stage(model: Yue2ForConditionalGeneration, stage: str, data: Pairs, *, start: int, total: int,
@@ -203,7 +217,7 @@ def _inputs_fingerprint(texts: list[str]) -> str:
 
 def _texts(args: DrafterArgs, texts: list[str] | None) -> list[str]:
     if (texts is None) == (args.inputs is None):
-        raise DataError("train-drafter needs inputs: --inputs FILE or --batch BATCH_ID (one of them)")
+        raise DataError("train-drafter takes its inputs from --inputs FILE or --batch BATCH_ID: exactly one of them")
     found = texts if texts is not None else read_input_file(str(args.inputs))
     if args.max_inputs:
         found = found[: args.max_inputs]
@@ -225,28 +239,30 @@ def train_drafter(args: DrafterArgs, *, texts: list[str] | None = None, source: 
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_verified(args.checkpoint)
-    model, tokenizer = _reshaped(loaded.model, args), loaded.tokenizer
+    tokenizer = loaded.tokenizer
     ar_before = ar_fingerprint(load_file(Path(args.checkpoint) / "model.safetensors"))
     state_dir = out.with_name(out.name + ".train-state")
     identity = {**args.identity(), "checkpoint_version": directory_version(args.checkpoint),
                 "inputs_sha256": _inputs_fingerprint(texts)}
-    model.to(device)  # type: ignore[arg-type]  # transformers types its `wraps`-decorated `to` as unbound
-    torch.manual_seed(args.seed)
-    if args.fresh or model is not loaded.model:
-        model.init_drafter_from_ar()
-    meta = _resume(state_dir, model, identity, device)
-    limit = args.max_source_tokens or min(int(tokenizer.model_max_length), model.config.max_position_embeddings)
+    meta = _read_meta(state_dir, identity)
+    loaded.model.to(device)  # type: ignore[arg-type]  # transformers types its `wraps`-decorated `to` as unbound
+    limit = args.max_source_tokens or min(int(tokenizer.model_max_length), loaded.model.config.max_position_embeddings)
     sources = tokenizer(texts, truncation=True, max_length=limit)["input_ids"]
     train_idx, eval_idx = _split(len(sources), args)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    distilled = distilled_pairs(model, sources, max_new_tokens=args.max_new_tokens, device=device,
+    distilled = distilled_pairs(loaded.model, sources, max_new_tokens=args.max_new_tokens, device=device,
                                 desc="ar outputs (targets)", cache=state_dir / "targets.jsonl")
     train_pairs, held_out = [distilled[i] for i in train_idx], [distilled[i] for i in eval_idx]
     print(f"{len(texts)} inputs: {len(train_pairs)} to train on, {len(held_out)} held out"
           + ("" if held_out else " (too few to hold any out: tau is not measured)"))
-    if meta["before"] is None:
+    if meta["before"] is None:  # the checkpoint's own drafter, before any restart or reshaping
         print("the drafter before:")
-        meta["before"] = _measure(model, held_out, args, device)
+        meta["before"] = _measure(loaded.model, held_out, args, device)
+        _write_meta(state_dir, meta)
+    model = _reshaped(loaded.model, args).to(device)  # type: ignore[arg-type]  # as above
+    torch.manual_seed(args.seed)
+    if args.fresh or model is not loaded.model:
+        model.init_drafter_from_ar()
+    _load_drafter(state_dir, model, meta, device)
     steps = {"nar": args.steps, "confidence": args.confidence_steps}
     budget = [args.stop_after or -1]
     for stage in STAGES[STAGES.index(meta["stage"]):]:
@@ -288,6 +304,7 @@ def _write(model: Yue2ForConditionalGeneration, tokenizer: Any, out: Path, *, ar
     save_checkpoint(model, tokenizer, partial, notes=notes)
     ar_after = ar_fingerprint(load_file(partial / "model.safetensors"))
     if ar_after != ar_before:
+        shutil.rmtree(partial, ignore_errors=True)  # its manifest would say what was not so
         raise CheckpointError(f"the encoder or AR weights written to {partial} differ from the source's "
                               f"(sha256 {ar_after[:12]} against {ar_before[:12]}); nothing was saved at {out}",
                               path=str(partial))
