@@ -69,9 +69,9 @@ def same_tokens(small: Yue2ForConditionalGeneration, grown: Yue2ForConditionalGe
     rows = differ = ties = 0
     gaps = []
     for batch in batches:
-        x = peers._generated(a.generate(batch["input_ids"], batch["attention_mask"], mode="ar",
+        x = peers.generated(a.generate(batch["input_ids"], batch["attention_mask"], mode="ar",
                                         max_new_tokens=max_new_tokens).sequences, pad=pad, eos=eos)
-        y = peers._generated(b.generate(batch["input_ids"], batch["attention_mask"], mode="ar",
+        y = peers.generated(b.generate(batch["input_ids"], batch["attention_mask"], mode="ar",
                                         max_new_tokens=max_new_tokens).sequences, pad=pad, eos=eos)
         for i, (p, q) in enumerate(zip(x, y, strict=True)):
             rows += 1
@@ -114,13 +114,9 @@ def run(name: str, width: int, args: Any, workdir: Path) -> tuple[list[dict[str,
     print(f"{what}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters; greedy tokens as the "
           f"shipped model's on {check['rows'] - check['rows_differing']} of {check['rows']} texts "
           f"({check['of_which_near_ties']} differ, each at a near-tie)", flush=True)
-    gen = model.generation_config
-    controls = {"repetition_penalty": gen.repetition_penalty or 1.0,
-                "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
-    probe = [tokenizer.convert_ids_to_tokens(tokenizer(texts[0], truncation=True, max_length=256)["input_ids"])]
-    engines = peers._engines(model, padded_tokenizer(tokenizer, args.vocab), workdir / f"{name}-{width}", probe,
-                             max_new_tokens=args.max_new_tokens, min_accept_prob=0.05, controls=controls,
-                             dtypes=tuple(args.dtypes))
+    engines = peers.engines_for(model, padded_tokenizer(tokenizer, args.vocab), workdir / f"{name}-{width}",
+                                peers.probe_of(tokenizer, texts[0]), max_new_tokens=args.max_new_tokens,
+                                min_accept_prob=0.05, controls=peers.controls_of(model), dtypes=tuple(args.dtypes))
     rows = []
     for bs in args.batch_sizes:
         peers.measure(engines, _batches(tokenizer, texts, bs), args.repeats)
@@ -166,7 +162,7 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="*", default=[768, 1152], help="d_model, multiples of 192")
     parser.add_argument("--vocab", type=int, default=VOCAB, help="vocabulary of the grown model (BART's)")
     parser.add_argument("--dtypes", nargs="*", default=["float32", "int8"], choices=["float32", "int8"],
-                        help="weights of both engines (int8 needs AVX-512 VNNI to be fast here: see layout.py)")
+                        help="weights of both engines (ours and CTranslate2)")
     args = parser.parse_args()
     apply_common_arguments(args)
     rows, models = [], []

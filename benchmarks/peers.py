@@ -88,7 +88,7 @@ def ours(session: DecodeSession, name: str, mode: str, *, max_new_tokens: int, m
     def run(b: dict[str, torch.Tensor]) -> tuple[list[list[int]], int, int, int, int]:
         out = session.generate(b["input_ids"], b["attention_mask"], mode=mode, max_new_tokens=max_new_tokens,
                                min_accept_prob=min_accept_prob)
-        return (_generated(out.sequences, pad=session.model.config.pad_token_id, eos=eos),
+        return (generated(out.sequences, pad=session.model.config.pad_token_id, eos=eos),
                 max(s.decoder_steps for s in out.stats), sum(s.decoder_steps for s in out.stats),
                 sum(s.nar_tokens for s in out.stats), sum(s.drafted_tokens for s in out.stats))
 
@@ -107,7 +107,7 @@ def peer(translator: Any, tokenizer: Any, name: str, dtype: str, *, max_new_toke
     return Engine(name, run, dtype, ours=False)
 
 
-def _generated(seqs: torch.Tensor, *, pad: int, eos: int) -> list[list[int]]:
+def generated(seqs: torch.Tensor, *, pad: int, eos: int) -> list[list[int]]:
     out = []
     for row in seqs[:, 1:].tolist():
         row = [t for t in row if t != pad]
@@ -144,7 +144,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> float:
     return same / total if total else 1.0
 
 
-def _engines(model: Yue2ForConditionalGeneration, tokenizer: Any, workdir: Path, probe: list[list[str]], *,
+def engines_for(model: Yue2ForConditionalGeneration, tokenizer: Any, workdir: Path, probe: list[list[str]], *,
              max_new_tokens: int, min_accept_prob: float, controls: dict[str, Any],
              dtypes: tuple[str, ...] = ("float32", "int8")) -> list[Engine]:
     engines = []
@@ -223,7 +223,7 @@ def random_shapes(args: Any, workdir: Path) -> list[dict[str, Any]]:
                               generator=g)
         texts[:, 0], texts[:, -1] = 0, model.config.eos_token_id
         probe = [tokenizer.convert_ids_to_tokens(texts[0].tolist())]
-        engines = _engines(model, tokenizer, workdir / f"random-{shape}", probe, max_new_tokens=args.new_tokens,
+        engines = engines_for(model, tokenizer, workdir / f"random-{shape}", probe, max_new_tokens=args.new_tokens,
                            min_accept_prob=0.0, controls={})
         for bs in args.batch_sizes:
             n = bs * (2 if bs > 1 else 3)
@@ -236,17 +236,25 @@ def random_shapes(args: Any, workdir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def controls_of(model: Yue2ForConditionalGeneration) -> dict[str, Any]:
+    """The checkpoint's repetition controls, as CTranslate2's `translate_batch` takes them."""
+    gen = model.generation_config
+    return {"repetition_penalty": gen.repetition_penalty or 1.0, "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
+
+
+def probe_of(tokenizer: Any, text: str) -> list[list[str]]:
+    """One text as CTranslate2's token strings: what picks its thread count."""
+    return [tokenizer.convert_ids_to_tokens(tokenizer(text, truncation=True, max_length=256)["input_ids"])]
+
+
 def shipped(args: Any, workdir: Path) -> list[dict[str, Any]]:
     rows = []
     for name in args.checkpoints:
         model, tokenizer = load_checkpoint(ROOT / "checkpoints" / name)
         data = read_split(ROOT / "data", "general" if name == "base" else name, "eval")[: args.texts]
         texts, refs = [r["text"] for r in data], [r["summary"] for r in data]
-        gen = model.generation_config
-        controls = {"repetition_penalty": gen.repetition_penalty or 1.0,
-                    "no_repeat_ngram_size": gen.no_repeat_ngram_size or 0}
-        probe = [tokenizer.convert_ids_to_tokens(tokenizer(texts[0], truncation=True, max_length=256)["input_ids"])]
-        engines = _engines(model, tokenizer, workdir / f"shipped-{name}", probe, max_new_tokens=args.max_new_tokens,
+        controls, probe = controls_of(model), probe_of(tokenizer, texts[0])
+        engines = engines_for(model, tokenizer, workdir / f"shipped-{name}", probe, max_new_tokens=args.max_new_tokens,
                            min_accept_prob=0.05, controls=controls)
         for bs in args.batch_sizes:
             batches = [dict(tokenizer(texts[i : i + bs], truncation=True, max_length=256, padding=True,

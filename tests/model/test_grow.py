@@ -81,10 +81,7 @@ def test_a_grown_model_grows_again_and_scaled_embeddings_stay_scaled(small):
     are scaled by the old width's square root, not the new one's."""
     ids, mask = random_inputs(4, vocab=300, seed=7)
     twice = grow(grow(small, d_model=64, ffn_dim=96, vocab_size=400), d_model=128, ffn_dim=256, vocab_size=500)
-    cfg = Yue2Config(**{**{k: v for k, v in small.config.to_dict().items()
-                           if k not in ("architectures", "transformers_version", "model_type", "dtype")},
-                        "scale_embedding": True})
-    scaled = Yue2ForConditionalGeneration(cfg).eval()
+    scaled = Yue2ForConditionalGeneration(small.config.replaced(scale_embedding=True)).eval()
     scaled.load_state_dict(small.state_dict())
     with torch.no_grad():
         for source, grown in ((small, twice), (scaled, grow(scaled, d_model=128, ffn_dim=192, vocab_size=300))):

@@ -210,7 +210,8 @@ def weights_key(model: Yue2ForConditionalGeneration) -> tuple[tuple[int, int], .
     their layout cannot be known to be current, so it is rebuilt on every use.
     """
     weights = (*model.encoder_layers.parameters(), *model.decoder_layers.parameters(),
-               *model.nar_layers.parameters(), model.shared.weight, model.output_weight(),
+               *model.nar_layers.parameters(), model.shared.weight,
+               *([] if model.lm_head is None else [model.lm_head.weight]),
                model.final_logits_bias, *([] if model.draft_vocab is None else [model.draft_vocab]))
     if any(w.is_inference() for w in weights):
         return None

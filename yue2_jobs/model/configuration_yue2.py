@@ -155,6 +155,12 @@ class Yue2Config(PretrainedConfig):
                                        tie_word_embeddings=tie_word_embeddings)
         super().__init__(is_encoder_decoder=is_encoder_decoder, **special, **kwargs)
 
+    def replaced(self, **overrides: Any) -> Yue2Config:
+        """A copy with some fields changed, checked as a new config is (a reshaped drafter, a grown model)."""
+        fields = {k: v for k, v in self.to_dict().items()
+                  if k not in ("architectures", "transformers_version", "model_type", "dtype", "torch_dtype")}
+        return type(self)(**{**fields, **overrides})
+
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Yue2Config:
         """Build a config from a named preset (`tiny`, `small`, `base`), fields overridable."""

@@ -69,13 +69,9 @@ def grown_config(config: Yue2Config, *, d_model: int, ffn_dim: int, vocab_size: 
     if d_model % config.d_model:
         raise ValueError(f"d_model {d_model} is not a multiple of {config.d_model}")
     r = d_model // config.d_model
-    fields = config.to_dict()
-    for key in ("architectures", "transformers_version", "model_type", "dtype", "torch_dtype"):
-        fields.pop(key, None)
-    fields.update(d_model=d_model, encoder_ffn_dim=ffn_dim, decoder_ffn_dim=ffn_dim, vocab_size=vocab_size,
-                  encoder_attention_heads=r * config.encoder_attention_heads,
-                  decoder_attention_heads=r * config.decoder_attention_heads, tie_word_embeddings=False)
-    return Yue2Config(**fields)
+    return config.replaced(d_model=d_model, encoder_ffn_dim=ffn_dim, decoder_ffn_dim=ffn_dim, vocab_size=vocab_size,
+                           encoder_attention_heads=r * config.encoder_attention_heads,
+                           decoder_attention_heads=r * config.decoder_attention_heads, tie_word_embeddings=False)
 
 
 @torch.no_grad()

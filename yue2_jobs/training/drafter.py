@@ -97,10 +97,7 @@ def _reshaped(model: Yue2ForConditionalGeneration, args: DrafterArgs) -> Yue2For
     layers, k = args.nar_layers or cfg.nar_layers, args.block_size or cfg.nar_block_size
     if (layers, k) == (cfg.nar_layers, cfg.nar_block_size):
         return model
-    fields = {key: v for key, v in cfg.to_dict().items() if key not in ("architectures", "transformers_version",
-                                                                        "model_type", "dtype", "torch_dtype")}
-    new = Yue2ForConditionalGeneration(type(cfg)(**{**fields, "nar_layers": layers, "nar_block_size": k,
-                                                    "draft_vocab_size": 0}))
+    new = Yue2ForConditionalGeneration(cfg.replaced(nar_layers=layers, nar_block_size=k, draft_vocab_size=0))
     keep = {name: t for name, t in model.state_dict().items() if not is_drafter_key(name)}
     result = new.load_state_dict(keep, strict=False)
     assert not result.unexpected_keys and all(is_drafter_key(n) for n in result.missing_keys)
