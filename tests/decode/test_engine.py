@@ -1,4 +1,5 @@
-"""The engine step against the pre-engine decoder: every step-wise mode, token for token.
+"""The engine step against the pre-engine decoder: every step-wise mode, token for token; and a
+CPU step narrowed to the slots its drafts fill against the full-width step.
 
 `golden/decode_v1.json.gz` holds the outputs and step counts of the per-mode loops the engine
 replaced (`_generate_ar` and `speculative_generate` at commit d66e891), recorded on 208 eval
@@ -17,7 +18,9 @@ import json
 import pytest
 import torch
 
-from tests.tiny_models import ROOT, batches_of, generate, random_inputs
+from tests.tiny_models import ROOT, batches_of, generate, random_inputs, session_of
+from yue2_jobs.decode.params import DecodingParams
+from yue2_jobs.decode.requests import DecodeRequest
 from yue2_jobs.model.checkpoint import load_checkpoint
 from yue2_jobs.training.data import read_split
 
@@ -78,3 +81,61 @@ def test_sync_every_changes_nothing_but_when_the_host_looks(base_inputs, sync_ev
     with pytest.raises(ValueError, match="sync_every"):
         generate(model, input_ids=ids[:1], sync_every=0)
     assert torch.is_inference_mode_enabled() is False
+
+
+def _widths(monkeypatch: pytest.MonkeyPatch, steps) -> list[int]:
+    """Record the width of every step `steps` runs from now on."""
+    seen: list[int] = []
+    run = steps.run
+
+    def spy(rows, enc, caches, *, shape, **kw):
+        seen.append(shape.width)
+        return run(rows, enc, caches, shape=shape, **kw)
+
+    monkeypatch.setattr(steps, "run", spy)
+    return seen
+
+
+@pytest.mark.parametrize("checkpoint", ["base", "legal"])
+def test_a_cpu_step_feeds_only_the_slots_its_drafts_fill(monkeypatch, checkpoint):
+    """Read every step (sync_every 1) with no graph, a step is 1 + the most drafts any row holds
+    wide; read every 3 steps it stays 1 + K wide. Both decode the same tokens in the same steps
+    and verify the same drafts, so narrowing drops only slots that verify nothing."""
+    model, tok = load_checkpoint(ROOT / "checkpoints" / checkpoint)
+    corpus = "general" if checkpoint == "base" else "legal"
+    texts = [r["text"] for r in read_split(ROOT / "data", corpus, "eval")[:12]]
+    enc = tok(texts, truncation=True, max_length=128, padding=True, return_tensors="pt")
+    k = model.config.nar_block_size
+    widths = _widths(monkeypatch, session_of(model).steps)
+    outs = {}
+    for every in (1, 3):
+        widths.clear()
+        outs[every] = [generate(model, input_ids=ids, attention_mask=mask, max_new_tokens=48, sync_every=every,
+                                return_dict_in_generate=True)
+                       for ids, mask in batches_of(enc["input_ids"], enc["attention_mask"], 4)]
+        if every == 1:
+            assert widths[0] == 1 and min(widths) == 1 and set(widths) > {1}  # nothing drafted before step 1
+            assert max(widths) <= 1 + k and sum(widths) < len(widths) * (1 + k)
+        else:
+            assert set(widths) == {1 + k}
+    for narrow, static in zip(outs[1], outs[3], strict=True):
+        assert torch.equal(narrow.sequences, static.sequences)
+        assert narrow.stats == static.stats  # steps, accepted histogram and drafts verified
+
+
+def test_the_continuous_engine_narrows_its_cpu_steps(monkeypatch):
+    model, tok = load_checkpoint(ROOT / "checkpoints" / "legal")
+    texts = [r["text"] for r in read_split(ROOT / "data", "legal", "eval")[:10]]
+    ids = tok(texts, truncation=True, max_length=128)["input_ids"]
+    reqs = [DecodeRequest(key=i, input_ids=x, params=DecodingParams(mode="hybrid", max_new_tokens=40))
+            for i, x in enumerate(ids)]
+    session = session_of(model)
+    widths = _widths(monkeypatch, session.steps)
+    results = session.engine(max_rows=4).run(reqs)
+    k = model.config.nar_block_size
+    assert widths[0] == 1 and 1 < max(widths) <= 1 + k and min(widths[1:]) < 1 + k
+    for req, res in zip(reqs, results, strict=True):
+        alone = generate(model, input_ids=torch.tensor([req.input_ids]), params=req.params, sync_every=3,
+                         return_dict_in_generate=True)
+        assert res.tokens == alone.sequences[0, 1 : 1 + alone.stats[0].tokens].tolist()
+        assert res.stats.drafted_tokens == alone.stats[0].drafted_tokens

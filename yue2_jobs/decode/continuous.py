@@ -245,7 +245,10 @@ class ContinuousBatcher(Generic[K]):
         start = time.perf_counter()
         shape = StepShape.of(k=self.k, drafts="nar" if "hybrid" in modes else "none", params=self.params,
                              ban_eos=any(s.request.min_new_tokens > 0 for s in live))
-        self.steps.run(ws.st, ws.encoder_state(), ws.caches, layout=self.steps.layout(), shape=shape,
+        layout = self.steps.layout()
+        if self.steps.captured(shape) is None and layout.narrow_pays:  # feed only the slots drafts fill
+            shape = shape.narrowed(ws.max_drafts)
+        self.steps.run(ws.st, ws.encoder_state(), ws.caches, layout=layout, shape=shape,
                        span=min(self.t_cache, ws.reach + shape.width))
         ws.reach += shape.width
         if before is not None:  # the step's token count is read with the finished flags, in `_collect`
@@ -264,12 +267,12 @@ class ContinuousBatcher(Generic[K]):
             return []
         # The host read: every row's finished flag and the caches' reach, in one transfer.
         timing, self._timing = self._timing, None
-        extra = [st.cached.max(0, keepdim=True).values] + ([timing[3][None]] if timing else [])
-        values = torch.cat([st.finished.long(), *extra]).tolist()
+        extra = [st.cached.max(0, keepdim=True).values, st.n_drafts.max(0, keepdim=True).values]
+        values = torch.cat([st.finished.long(), *extra] + ([timing[3][None]] if timing else [])).tolist()
         n = len(ws.slots)
-        fin, ws.reach = values[:n], values[n]
+        fin, ws.reach, ws.max_drafts = values[:n], values[n], values[n + 1]
         if timing:  # what the step cost feeds `auto`'s choice (steps of one mode only)
-            self.chooser.observe(timing[0], timing[1], tokens=values[n + 1], seconds=time.perf_counter() - timing[2])
+            self.chooser.observe(timing[0], timing[1], tokens=values[n + 2], seconds=time.perf_counter() - timing[2])
         ended = [i for i, (s, f) in enumerate(zip(ws.slots, fin, strict=True)) if f and s is not None]
         results: list[DecodeResult[K]] = []
         if ended:

@@ -3,7 +3,8 @@
 `engine_step` advances every row of a working set (A rows) by one decoder step, the way
 gpt-fast's `decode_one_token` does for one token: each row feeds its uncached committed tokens
 and then the drafts to verify, `width` slots per row (1 for a set that never drafts, 1 + K
-otherwise; unused slots are padding), at its own positions. The AR branch's choices decide how
+otherwise, or on the CPU 1 + the most drafts any row holds: `StepShape.narrowed`; unused slots
+are padding), at its own positions. The AR branch's choices decide how
 many drafts are accepted; the bonus token the AR branch picks after them is committed too; the
 NAR branch then drafts the next K tokens from the hidden state that chose the bonus. Every
 decision is a tensor op on the device and every state write is an in-place copy, so the step
@@ -23,7 +24,7 @@ finished row commits nothing more, so no token past its EOS is ever returned.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -67,6 +68,20 @@ class StepShape:
         return cls(width=1 if drafts == "none" else 1 + k, drafts=drafts, params=params, trust=trust,
                    ban_eos=ban_eos)
 
+    def narrowed(self, max_drafts: int) -> StepShape:
+        """This shape with only the slots the rows' drafts fill: 1 + `max_drafts` (the most drafts
+        any row holds, which the host read with the finished flags), where that is allowed.
+
+        For a host that reads every step and replays no graph (the CPU), where the layout says rows
+        cost (`StepLayout.narrow_pays`): at base's width (192) MKL's product of 5 rows costs about
+        2.5 of one row's, and base's rows verify 1.9 drafts a step on average (their confidence
+        cuts the rest), so a static 1 + K slots computes three rows a step that verify nothing. Greedy
+        steps without trusted drafts only: there each row feeds one committed token (its bonus)
+        before its drafts. Width 1 still drafts (nothing to verify, then the NAR pass)."""
+        if self.drafts == "none" or self.trust or self.params.do_sample:
+            return self
+        return replace(self, width=min(self.width, 1 + max(max_drafts, 0)))
+
 
 def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *,
                 layout: StepLayout, shape: StepShape, span: int, generator: torch.Generator | None = None,
@@ -92,7 +107,8 @@ def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encode
         n_acc, new = _accept_sampled(model, rows, logits, target, shape, generator, draft_q)
     else:  # the accepted drafts equal the AR choices, so the AR choices are the new tokens
         new = _force(logits.argmax(-1), target, rows.total, model.generation_config)  # (A, W)
-        n_acc = leading_run((rows.drafts == new[:, :-1]) & (slot[:-1] < rows.n_drafts[:, None])) if w > 1 else None
+        n_acc = None if shape.drafts == "none" else leading_run(
+            (rows.drafts[:, : w - 1] == new[:, :-1]) & (slot[:-1] < rows.n_drafts[:, None]))
     rows.buf.scatter_(1, rows.committed[:, None] + slot, new)  # past the new `committed` it is scratch
     if n_acc is None:  # one new token per row, from the AR branch; every live row has room for it
         _commit_one(rows, done=(new[:, 0] == eos) | (room <= 1))
@@ -112,7 +128,7 @@ def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2Encode
                                                     h_src=hidden.gather(1, at)[:, 0], bonus=bonus,
                                                     committed=committed, finished=finished, generator=generator,
                                                     draft_q=draft_q)
-    assert n_in is not None  # width > 1 here (width 1 committed above), so `_feed` counted the fed tokens
+    assert n_in is not None  # a drafting shape (`ar` committed above), so `_feed` counted the fed tokens
     _commit(rows, stepped=stepped, n_in=n_in, count=count, from_nar=from_nar, n_trust=n_trust, committed=committed,
             finished=finished, drafted=drafted)
 
@@ -138,12 +154,12 @@ def _feed(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState
           slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the AR branch over each row's uncached committed tokens, then its drafts. Returns the
     hidden states (A, W, C) that predict drafts 0.. and then the bonus token, and how many
-    committed tokens each row fed, n_in (A,) (None at width 1: always one)."""
+    committed tokens each row fed, n_in (A,) (None for `ar`: always one)."""
     w, k = shape.width, model.config.nar_block_size
     positions = rows.cached[:, None] + slot  # (A, W)
     tokens = rows.buf.gather(1, positions)  # (A, W)
     n_in = None
-    if w > 1:
+    if shape.drafts != "none":
         n_in = (rows.committed - rows.cached).clamp(min=1)  # (A,); a finished row may have none left
         d_idx = slot - n_in[:, None]  # (A, W): which draft a slot holds
         is_draft = (d_idx >= 0) & (d_idx < rows.n_drafts[:, None])
@@ -201,7 +217,7 @@ def _accept_sampled(model: Yue2ForConditionalGeneration, rows: Rows, logits: tor
     one_hot = torch.zeros_like(p).scatter_(2, forced.clamp(min=0)[:, :, None], 1.0)
     p = torch.where((forced >= 0)[:, :, None], one_hot, p)
     w = p.shape[1]
-    if w == 1:
+    if shape.drafts == "none":  # sampled shapes are never narrowed: a drafting one is 1 + K wide
         return None, torch.multinomial(p[:, 0], 1, generator=generator)
     act = rows.drafts  # (A, K)
     q = draft_q[0] if draft_q else None

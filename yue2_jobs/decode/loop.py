@@ -103,14 +103,19 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
     draft_q: list[torch.Tensor | None] = [None]
     reach = 0  # the host's bound on every row's cached length: attention reads reach + width positions
     every = 1 if policy.host_drafter is not None else (sync_every or default_sync_every(dev))
+    # Read every step, no graph to replay, and rows that cost: feed only the slots drafts fill.
+    narrow = every == 1 and steps.captured(shape) is None and layout.narrow_pays
+    step_shape = shape.narrowed(0) if narrow else shape  # no row holds drafts yet
     while True:
         for _ in range(every):
-            steps.run(rows, enc, caches, layout=layout, shape=shape, span=min(cache_len, reach + shape.width),
-                      generator=generator, draft_q=draft_q)
-            reach += shape.width
+            steps.run(rows, enc, caches, layout=layout, shape=step_shape,
+                      span=min(cache_len, reach + step_shape.width), generator=generator, draft_q=draft_q)
+            reach += step_shape.width
         if policy.host_drafter is not None:
             _lookup_drafts(policy.host_drafter, ids, rows, total)
-        n_live, reach = torch.stack([(~rows.finished).sum(), rows.cached.max()]).tolist()  # the host sync
+        n_live, reach, most = torch.stack([(~rows.finished).sum(), rows.cached.max(), rows.n_drafts.max()]).tolist()
+        if narrow:
+            step_shape = shape.narrowed(most)
         if n_live and n_live * 4 > 3 * len(ids):
             continue
         done = rows.finished.nonzero().squeeze(1)

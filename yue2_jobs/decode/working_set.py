@@ -42,6 +42,7 @@ class WorkingSet(Generic[K]):
         self.device = model.shared.weight.device
         self.slots: list[Slot[K] | None] = []
         self.reach = 0  # a bound on every row's cached length, read with the finished flags
+        self.max_drafts = 0  # a bound on every row's n_drafts, read with them (a new row holds none)
         self.st = Rows.empty(0, k=self.k, t_buf=t_buf, device=self.device)
         self.caches: list[Yue2KVCache] = []
         self.kv: list[KV] = []
@@ -62,7 +63,7 @@ class WorkingSet(Generic[K]):
         h = cfg.decoder_attention_heads
         d = cfg.d_model // h
         self.slots = []
-        self.reach = 0
+        self.reach = self.max_drafts = 0
         self.st = Rows.empty(0, k=self.k, t_buf=self.t_buf, device=dev)
         self.caches = self.model.new_caches(batch_size=0, max_len=self.t_cache)
         n_kv = cfg.decoder_layers + cfg.nar_layers
