@@ -184,13 +184,14 @@ class StepLayout:
         for lin in linears:
             self.matrices[lin] = matrix(lin.weight, lin.bias)
         # Whether a step should feed only the slots its drafts fill (`StepShape.narrowed`): where
-        # the AR branch's matrices go through MKL's small-M product, every row fed costs about a
-        # row's work (base's 192 x 576 at 5 rows: 2.5x one row). oneDNN's packed product and
-        # fbgemm's int8 one read a matrix in about the same time at 1 to 5 rows, and oneDNN
-        # switching between row counts step to step cost more than the rows saved (base grown to
-        # 768, batch 1: 7 % slower narrowed, six paired runs), so those keep the full width.
+        # every row fed costs work. It does through MKL's small-M product (base's 192 x 576 at 5
+        # rows: 2.5x one row) and fbgemm's int8 one (BART-base's 768 x 2304: 0.146 ms at 5 rows,
+        # 0.073 at one; base grown to 768 in int8, batch 1: 6-12 % faster narrowed, four paired
+        # runs). oneDNN's packed fp32 product costs about the same at 1 to 5 rows (the vocabulary
+        # at 768: 8-11 ms either way), and switching row counts step to step cost more than the
+        # rows saved (base grown to 768, batch 1: 7 % slower narrowed, six paired runs).
         ar_linears = [m for layer in model.ar_layers() for m in (layer.self_attn.qkv_proj, layer.ffn.fc1)]
-        self.narrow_pays = all(isinstance(m, DenseMatrix) and m.cpu and m.packed is None
+        self.narrow_pays = all(isinstance(m, Int8Matrix) or (isinstance(m, DenseMatrix) and m.cpu and m.packed is None)
                                for m in (self.matrices[lin] for lin in ar_linears))
         bias = model.final_logits_bias[0].detach()
         self.vocab = matrix(vocab, bias, io_copy=True)  # (V, C)
