@@ -22,7 +22,7 @@ from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs import dead_workers
-from yue2_jobs.jobs.reconciler import reconcile_once, reconciler_lock
+from yue2_jobs.jobs.reconciler import reconcile_once, reconciler_lock, sweep_abandoned_uploads
 from yue2_jobs.jobs.state import renew_leases
 from yue2_jobs.queue import make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
@@ -74,7 +74,8 @@ def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> thre
 
 def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any, app: Any,
                   stop: threading.Event) -> None:
-    """The reconciler (run by the one worker that holds its lock) and the webhook sender, each a thread."""
+    """The reconciler and the upload sweep (run by the one worker that holds the reconciler's lock)
+    and the webhook sender, each a thread."""
     last_pass: list[float] = []  # when this process's last pass went through
     lock = reconciler_lock(settings.resolved_database_url, node=node)
 
@@ -91,6 +92,16 @@ def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any,
         last_pass[:] = [time.monotonic()]
 
     _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
+    stores = {"outputs": storage}
+    if settings.resolved_checkpoint_store_url != settings.resolved_storage_url:
+        stores["checkpoint store"] = storage_from_url(settings.resolved_checkpoint_store_url,
+                                                      endpoint_url=settings.s3_endpoint_url, region=settings.s3_region)
+
+    def sweep() -> None:
+        if lock.held():  # one process in the deployment
+            sweep_abandoned_uploads(stores, settings=settings)
+
+    _every(settings.upload_sweep_interval_s, stop, sweep, "upload-sweep")
     _every(settings.webhook_poll_s, stop, lambda: deliver_due(sessions, settings=settings), "webhooks")
 
 

@@ -11,7 +11,9 @@ import io
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlparse
@@ -46,6 +48,11 @@ class Storage(Protocol):
     def check(self) -> None:
         """Raise a `StorageError` saying what to fix if the store cannot be written now."""
         ...
+    def abort_stale_uploads(self, *, older_than_s: float) -> list[str]:
+        """End the writes begun more than `older_than_s` ago that never finished (a writer killed
+        mid-write: an S3 multipart upload, whose parts are stored and billed until aborted, or a
+        directory's temporary file); returns their keys. A live writer is never that old."""
+        ...
 
 
 class LocalStorage:
@@ -75,6 +82,16 @@ class LocalStorage:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def abort_stale_uploads(self, *, older_than_s: float) -> list[str]:
+        cutoff = time.time() - older_than_s
+        removed = []
+        for tmp in self.root.rglob(".tmp-*"):  # `put_stream`'s, left by a killed writer
+            with contextlib.suppress(FileNotFoundError):  # a writer that just finished renamed it
+                if tmp.is_file() and tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+                    removed.append(str(tmp.parent.relative_to(self.root) / tmp.name))
+        return removed
 
     def get(self, key: str) -> bytes:
         try:
@@ -233,6 +250,20 @@ class S3Storage:
                                               config=Config(retries={"max_attempts": 1}, connect_timeout=3,
                                                             read_timeout=3))
         return self._probe_client
+
+    def abort_stale_uploads(self, *, older_than_s: float) -> list[str]:
+        cutoff = datetime.now(UTC) - timedelta(seconds=older_than_s)
+        aborted = []
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        with _translate_boto("(multipart uploads)", self.bucket):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if upload["Initiated"] < cutoff:
+                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                           UploadId=upload["UploadId"])
+                        aborted.append(upload["Key"][len(prefix):])
+        return aborted
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []

@@ -70,3 +70,39 @@ def test_creating_and_finalizing_a_batch_take_no_more_memory_for_a_bigger_file(
     # The 10,000-line file is 20 MB; held whole, creating or finalizing would take several times that.
     assert big["create"] < 16 * mb and big["finalize"] < 16 * mb, peaks
     assert big["create"] - small["create"] < 4 * mb and big["finalize"] - small["finalize"] < 4 * mb, peaks
+
+
+def test_the_sweep_removes_a_killed_writers_temporary_file_only_once_it_is_old(tmp_path) -> None:
+    import os
+
+    from yue2_jobs.storage import LocalStorage
+
+    store = LocalStorage(tmp_path)
+    store.put("t/b/done.json", b"{}")
+    old, young = tmp_path / "t" / "b" / ".tmp-old", tmp_path / "t" / "b" / ".tmp-young"
+    old.write_bytes(b"half"), young.write_bytes(b"half")
+    os.utime(old, (1_000_000_000, 1_000_000_000))  # written long ago by a writer that died
+    assert store.abort_stale_uploads(older_than_s=3600) == ["t/b/.tmp-old"]
+    assert not old.exists() and young.exists() and store.get("t/b/done.json") == b"{}"
+
+
+def test_the_s3_sweep_aborts_only_uploads_older_than_the_limit() -> None:
+    """S3's own answer (stubbed: moto dates every upload 2010-11-10): one upload begun two hours
+    ago, one a minute ago, under the store's prefix; only the old one is aborted."""
+    from datetime import UTC, datetime, timedelta
+
+    from botocore.stub import Stubber
+
+    from yue2_jobs.storage import S3Storage
+
+    store = S3Storage("yue2-sweep", "out", endpoint_url="http://127.0.0.1:9")  # never reached: stubbed
+    now = datetime.now(UTC)
+    with Stubber(store.client) as stub:
+        stub.add_response("list_multipart_uploads", {"Uploads": [
+            {"Key": "out/t/b/old.jsonl", "UploadId": "u-old", "Initiated": now - timedelta(hours=2)},
+            {"Key": "out/t/b/young.jsonl", "UploadId": "u-young", "Initiated": now - timedelta(minutes=1)},
+        ], "IsTruncated": False}, {"Bucket": "yue2-sweep", "Prefix": "out/"})
+        stub.add_response("abort_multipart_upload", {},
+                          {"Bucket": "yue2-sweep", "Key": "out/t/b/old.jsonl", "UploadId": "u-old"})
+        assert store.abort_stale_uploads(older_than_s=3600) == ["t/b/old.jsonl"]
+        stub.assert_no_pending_responses()

@@ -85,18 +85,24 @@ def _flower(args: argparse.Namespace) -> None:
 
 def _reconcile(args: argparse.Namespace) -> None:
     from yue2_jobs.db.session import session_factory
-    from yue2_jobs.jobs.reconciler import holder, reconcile_once
+    from yue2_jobs.jobs.reconciler import holder, reconcile_once, sweep_abandoned_uploads
     from yue2_jobs.queue import make_celery
     from yue2_jobs.storage import storage_from_url
     from yue2_jobs.webhooks.delivery import deliver_due
 
     s = settings()
+    storage = storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)
     with session_factory(s.resolved_database_url)() as session:
-        report = reconcile_once(session, settings=s, celery_app=make_celery(s),
-                                storage=storage_from_url(s.resolved_storage_url, endpoint_url=s.s3_endpoint_url))
+        report = reconcile_once(session, settings=s, celery_app=make_celery(s), storage=storage)
         running = holder(session)  # skipped: the worker that holds the reconciler's lock runs the passes
+    swept: dict[str, list[str]] = {}
+    if not report.skipped:
+        stores = {"outputs": storage, "checkpoint store": storage_from_url(
+            s.resolved_checkpoint_store_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)}
+        swept = sweep_abandoned_uploads(stores, settings=s)
     sent = deliver_due(session_factory(s.resolved_database_url), settings=s)
-    print(json.dumps({**dataclasses.asdict(report), "reconciler": running, "webhook_attempts": sent}))
+    print(json.dumps({**dataclasses.asdict(report), "reconciler": running, "webhook_attempts": sent,
+                      "aborted_uploads": swept}))
 
 
 def _demo(args: argparse.Namespace) -> None:

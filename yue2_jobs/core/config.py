@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     )
     reconcile_interval_s: float = Field(10.0, gt=0, description="How often a worker runs the reconciler.")
     reconcile_grace_s: float = Field(30.0, ge=0, description="A queued job is checked against the broker after this.")
+    upload_abandoned_after_s: float = Field(
+        3600.0, ge=60, description="An unfinished write to storage (an S3 multipart upload, a directory's temporary "
+        "file) this old was left by a killed writer and is aborted by the sweep; far above the longest write."
+    )
+    upload_sweep_interval_s: float = Field(
+        600.0, gt=0, description="How often the reconciling worker sweeps storage for abandoned writes."
+    )
     runner: str = Field(
         "workers.runner:ModelRunner", description="`module:factory` building a worker's job runner."
     )

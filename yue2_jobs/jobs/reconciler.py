@@ -9,6 +9,9 @@
 - A batch past its `expires_at` is expired (`yue2_jobs.jobs.expiry`).
 - A batch whose jobs are all finished is finalized; a finalization whose writer died is redone.
 - Idempotency keys past their 24 h are dropped.
+- Writes to storage that a killed writer left unfinished (S3 multipart uploads, whose parts are
+  billed until aborted; a directory's temporary files) are aborted once older than
+  `upload_abandoned_after_s` (`sweep_abandoned_uploads`, every `upload_sweep_interval_s`).
 
 Publishing twice is harmless: a worker only runs a job it can claim (see `state`).
 
@@ -129,3 +132,23 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
         log.warning("reconciler: republished %d queued and %d expired jobs, failed %d exhausted",
                     len(report.republished_queued), len(report.republished_expired), len(report.failed_exhausted))
     return report
+
+
+def sweep_abandoned_uploads(stores: dict[str, Storage], *, settings: Settings) -> dict[str, list[str]]:
+    """Abort every unfinished write older than `settings.upload_abandoned_after_s` in each store
+    (named for the log); returns the keys per store. A store that fails is logged and left to
+    the next sweep, the others still swept. s3transfer aborts a failed upload itself; this is for
+    the writer that was killed, and for an abort that failed with S3 down."""
+    swept: dict[str, list[str]] = {}
+    for name, store in stores.items():
+        try:
+            swept[name] = store.abort_stale_uploads(older_than_s=settings.upload_abandoned_after_s)
+        except Exception as exc:
+            if not transient(exc):
+                raise
+            log.warning("upload sweep: %s unreachable (%s); next sweep", name, type(exc).__name__)
+            continue
+        if swept[name]:
+            log.warning("upload sweep: aborted %d abandoned writes in %s: %s", len(swept[name]), name,
+                        ", ".join(swept[name][:5]))
+    return swept
