@@ -3,6 +3,7 @@ thread count in a process of its own, and decode token ids (it takes and returns
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import time
 from dataclasses import dataclass
@@ -44,6 +45,9 @@ def fastest_cpu_translator(path: Path, probe: list[list[str]], *, compute_type: 
     return translator, translator.threads
 
 
+REPLY_S = 1800.0  # the longest a batch of the benchmarks decodes, with room to spare
+
+
 @dataclass(frozen=True)
 class Result:
     """What `decode_ids` reads of a CTranslate2 result."""
@@ -75,20 +79,27 @@ class TranslatorProcess:
         return [Result([tokens]) for tokens in self._reply()]
 
     def close(self) -> None:
-        if self._proc.is_alive():
+        with contextlib.suppress(OSError, ValueError):  # the child already gone, or closed before
             self._conn.send(None)
-            self._proc.join(timeout=30)
+        self._proc.join(timeout=30)
         if self._proc.is_alive():
             self._proc.kill()
+        self._conn.close()
 
     def __del__(self) -> None:  # an engine dropped frees its model's memory in the child too
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except (OSError, ValueError, AttributeError):
-            pass
 
     def _reply(self) -> Any:
-        kind, value = self._conn.recv()
+        """The child's answer; a child that died or went silent for REPLY_S is an error, and the
+        process is ended (a reply left unread would answer the next call)."""
+        try:
+            if not self._conn.poll(REPLY_S):
+                raise RuntimeError(f"CTranslate2's process gave no answer in {REPLY_S:.0f} s")
+            kind, value = self._conn.recv()
+        except BaseException:
+            self._proc.kill()
+            raise
         if kind == "error":
             raise RuntimeError(f"CTranslate2's process failed: {value}")
         return value
@@ -96,9 +107,9 @@ class TranslatorProcess:
 
 def _serve(conn: Any, path: str, probe: list[list[str]], compute_type: str, threads: list[int]) -> None:
     """The child: pick the faster thread count on `probe`, then answer `translate_batch` calls."""
-    import ctranslate2
-
     try:
+        import ctranslate2
+
         best: tuple[float, int, Any] | None = None
         for n in threads:
             translator = ctranslate2.Translator(path, device="cpu", inter_threads=1, intra_threads=n,
@@ -117,7 +128,8 @@ def _serve(conn: Any, path: str, probe: list[list[str]], compute_type: str, thre
             results = best[2].translate_batch(source, **options)
             conn.send(("ok", [r.hypotheses[0] for r in results]))
     except Exception as exc:  # the parent raises it, named
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        with contextlib.suppress(OSError):  # unless the parent is gone
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
 
 def decode_ids(translator: Any, tokenizer: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,

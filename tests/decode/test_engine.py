@@ -139,3 +139,15 @@ def test_the_continuous_engine_narrows_its_cpu_steps(monkeypatch):
                          return_dict_in_generate=True)
         assert res.tokens == alone.sequences[0, 1 : 1 + alone.stats[0].tokens].tolist()
         assert res.stats.drafted_tokens == alone.stats[0].drafted_tokens
+
+
+def test_only_greedy_verified_drafting_shapes_narrow():
+    from yue2_jobs.decode.engine import StepShape
+    from yue2_jobs.decode.sampling import SamplingParams
+
+    hybrid = StepShape.of(k=4, drafts="nar")
+    assert [hybrid.narrowed(n).width for n in (0, 1, 3, 4)] == [1, 2, 4, 5]
+    assert StepShape.of(k=4, drafts="host").narrowed(2).width == 3  # prompt lookup's drafts, counted on the host
+    sampled = StepShape.of(k=4, drafts="nar", params=SamplingParams.of(DecodingParams(do_sample=True)))
+    for shape in (StepShape.of(k=4, drafts="none"), StepShape.of(k=4, drafts="nar", trust=True), sampled):
+        assert shape.narrowed(0) == shape  # `ar`; trusted drafts feed uncached tokens first; q is K wide

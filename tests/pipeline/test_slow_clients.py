@@ -1,6 +1,7 @@
 """Slow clients on the API over real HTTP (uvicorn on 127.0.0.1): connections that trickle their
 headers (slowloris) are closed after `header_timeout_s`, idle keep-alive connections after
-`keep_alive_s`, and ordinary requests are answered meanwhile."""
+`keep_alive_s`, bodies still arriving `request_body_timeout_s` / `file_body_timeout_s` after their
+headers get a 408 and a closed connection, and ordinary requests are answered meanwhile."""
 
 from __future__ import annotations
 
@@ -12,16 +13,19 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.pipeline.conftest import ApiServer, make_settings
+from tests.pipeline.conftest import ApiServer, make_settings, new_key
 
 SLOW = 60  # connections trickling their headers at once
 HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def strict_api(pipeline_env: dict[str, str]) -> Any:
-    settings = make_settings(pipeline_env, header_timeout_s=HEADER_TIMEOUT_S, keep_alive_s=1)
+    settings = make_settings(pipeline_env, header_timeout_s=HEADER_TIMEOUT_S, keep_alive_s=1,
+                             request_body_timeout_s=BODY_TIMEOUT_S, file_body_timeout_s=BODY_TIMEOUT_S)
     server = ApiServer(settings)
+    server.settings = settings
     yield server
     server.stop()
 
@@ -88,3 +92,38 @@ def test_an_idle_keep_alive_connection_is_closed_and_so_is_a_slow_second_request
             assert time.monotonic() - t0 < 5
         finally:
             sock.close()
+
+
+@pytest.mark.parametrize(("path", "framing"), [("/v1/jobs", "length"), ("/v1/jobs", "chunked"),
+                                               ("/v1/files", "length")])
+def test_a_body_trickled_past_its_deadline_gets_408_and_a_closed_connection(strict_api: Any, path: str,
+                                                                            framing: str) -> None:
+    key = new_key(strict_api.settings, "slow-body")
+    frame = b"Content-Length: 100000\r\n" if framing == "length" else b"Transfer-Encoding: chunked\r\n"
+    kind = b"multipart/form-data; boundary=b0undary" if path == "/v1/files" else b"application/json"
+    start = (b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+             if path == "/v1/files" else b"")
+    sock = socket.create_connection(("127.0.0.1", strict_api.port), timeout=5)
+    try:
+        sock.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                     + key.encode() + b"\r\nContent-Type: " + kind + b"\r\n" + frame + b"\r\n"
+                     + (start if framing == "length" else b"%x\r\n%s\r\n" % (len(start), start) if start else b""))
+        t0 = time.monotonic()
+        reply = b""
+        while b"\r\n\r\n" not in reply and time.monotonic() - t0 < 10 * BODY_TIMEOUT_S:
+            _trickle([sock], b"1\r\n{\r\n" if framing == "chunked" else b"{")  # a byte at a time
+            if select.select([sock], [], [], 0.2)[0]:  # the answer, or the next trickle
+                reply += sock.recv(65536)
+        took = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 408 "), reply[:200]
+        assert BODY_TIMEOUT_S * 0.9 <= took < BODY_TIMEOUT_S + 3
+        assert b'"param":"body"' in reply and b'"code":"timeout"' in reply
+        deadline = time.monotonic() + 5
+        while not _closed_by_server(sock):  # the rest of the body is never read: the connection ends
+            assert time.monotonic() < deadline, "the connection was kept open"
+            select.select([sock], [], [], 0.2)
+    finally:
+        sock.close()
+    with httpx.Client(base_url=strict_api.url, timeout=5) as http:  # a body sent at once is unaffected
+        response = http.post("/v1/jobs", json={"input": "a text in time"}, headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code in (201, 202), response.text

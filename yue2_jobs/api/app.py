@@ -157,7 +157,8 @@ def create_app(settings: Settings) -> FastAPI:
     jobs_by_status = Gauge("yue2_jobs", "Jobs in Postgres by status", ["status"], registry=registry)
 
     app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)
-    app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes, file_limit=settings.max_file_bytes)
+    app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes, file_limit=settings.max_file_bytes,
+                       json_timeout_s=settings.request_body_timeout_s, file_timeout_s=settings.file_body_timeout_s)
     app.add_middleware(HeaderLimitMiddleware, limit=settings.max_header_bytes)
     _install_error_handlers(app)
 

@@ -4,6 +4,7 @@ they and the app share."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi.responses import JSONResponse
@@ -58,11 +59,16 @@ class HeaderLimitMiddleware(_HttpMiddleware):
 
 
 class BodyLimitMiddleware(_HttpMiddleware):
-    """413 for a body over the limit, whether it declares a Content-Length or streams chunks."""
+    """413 for a body over the limit, whether it declares a Content-Length or streams chunks; 408
+    (and the connection closed) for a body not complete `json_timeout_s` / `file_timeout_s` after
+    its headers, so a client trickling a body cannot hold a connection, a buffer and a request
+    slot for as long as it likes."""
 
-    def __init__(self, app: ASGIApp, *, json_limit: int, file_limit: int) -> None:
+    def __init__(self, app: ASGIApp, *, json_limit: int, file_limit: int, json_timeout_s: float = 30.0,
+                 file_timeout_s: float = 600.0) -> None:
         super().__init__(app)
         self.json_limit, self.file_limit = json_limit, file_limit
+        self.json_timeout_s, self.file_timeout_s = json_timeout_s, file_timeout_s
 
     async def http(self, scope: Scope, receive: Receive, send: Send) -> None:
         is_file = scope["path"] == "/v1/files"
@@ -78,26 +84,37 @@ class BodyLimitMiddleware(_HttpMiddleware):
             await too_big(scope, receive, send)
             return
         seen = 0
-        over = False  # the body passed the limit: whatever the app makes of it, the answer is the 413
+        timeout_s = self.file_timeout_s if is_file else self.json_timeout_s
+        deadline = time.monotonic() + timeout_s
+        body_done = False
+        # Set once the body is refused (over the limit: 413; late: 408): whatever the app makes of the
+        # body it was cut off from (a body parser answers a 400 "not valid JSON" on its own), the
+        # answer is the refusal.
+        refusal: JSONResponse | None = None
         answered = False
 
         async def counting_receive() -> Message:
-            nonlocal seen, over
-            message = await receive()
+            nonlocal seen, body_done, refusal
+            if body_done:  # what follows the body (a disconnect) may take as long as it takes
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                refusal = _too_slow(timeout_s)
+                raise _Refused from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > limit + (64 * 1024 if is_file else 0):  # multipart framing around the file
-                over = True
-                raise _TooLarge
+                refusal = too_big
+                raise _Refused
             return message
 
         async def guarded_send(message: Message) -> None:
-            # The body parser may catch _TooLarge and answer on its own (a 400 "not valid JSON" for a
-            # chunked body): once over the limit, the app's response is replaced by the 413.
             nonlocal answered
-            if over:
+            if refusal is not None:
                 if not answered:
                     answered = True
-                    await too_big(scope, receive, send)
+                    await refusal(scope, receive, send)
                 return
             answered = answered or message["type"] == "http.response.start"
             await send(message)
@@ -105,13 +122,20 @@ class BodyLimitMiddleware(_HttpMiddleware):
         try:
             await self.app(scope, counting_receive, guarded_send)
         except Exception:
-            if not over:
+            if refusal is None:
                 raise
-        if over and not answered:
-            await too_big(scope, receive, send)
+        if refusal is not None and not answered:  # uvicorn closes a connection whose body was not read
+            await refusal(scope, receive, send)
 
 
-class _TooLarge(Exception):
+def _too_slow(timeout_s: float) -> JSONResponse:
+    response = error_response(408, f"the request body did not arrive within {timeout_s:g} s of its headers",
+                              type_="invalid_request_error", param="body", code="timeout")
+    response.headers["Connection"] = "close"
+    return response
+
+
+class _Refused(Exception):
     pass
 
 

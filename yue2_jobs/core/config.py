@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(50_000, ge=1, description="Most lines one batch input file may hold.")
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload to POST /v1/files.")
     max_request_bytes: int = Field(1024 * 1024, ge=1, description="Largest JSON request body.")
+    request_body_timeout_s: float = Field(
+        30.0, gt=0, description="A JSON request body must be complete this long after its headers (else 408)."
+    )
+    file_body_timeout_s: float = Field(
+        600.0, gt=0, description="An upload to POST /v1/files must be complete this long after its headers "
+        "(else 408): 200 MiB at 350 KB/s."
+    )
     max_header_bytes: int = Field(16 * 1024, ge=1024, description="Largest request headers, names and values "
                                   "together (431 above it).")
     inline_input_bytes: int = Field(8 * 1024, ge=0, description="Inputs above this go to storage, not the row.")

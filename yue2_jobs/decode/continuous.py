@@ -246,7 +246,8 @@ class ContinuousBatcher(Generic[K]):
         shape = StepShape.of(k=self.k, drafts="nar" if "hybrid" in modes else "none", params=self.params,
                              ban_eos=any(s.request.min_new_tokens > 0 for s in live))
         layout = self.steps.layout()
-        if self.steps.captured(shape) is None and layout.narrow_pays:  # feed only the slots drafts fill
+        # A replayed graph has a fixed width; without one, slots no draft fills would only cost.
+        if self.steps.captured(shape) is None and layout.narrow_pays:
             shape = shape.narrowed(ws.max_drafts)
         self.steps.run(ws.st, ws.encoder_state(), ws.caches, layout=layout, shape=shape,
                        span=min(self.t_cache, ws.reach + shape.width))
@@ -265,7 +266,8 @@ class ContinuousBatcher(Generic[K]):
         st = ws.st
         if not ws.slots:
             return []
-        # The host read: every row's finished flag and the caches' reach, in one transfer.
+        # The host read, in one transfer: every row's finished flag, the caches' reach and the most
+        # drafts a row holds (the next step's width when it is narrowed).
         timing, self._timing = self._timing, None
         extra = [st.cached.max(0, keepdim=True).values, st.n_drafts.max(0, keepdim=True).values]
         values = torch.cat([st.finished.long(), *extra] + ([timing[3][None]] if timing else [])).tolist()

@@ -51,7 +51,7 @@ GREEDY = SamplingParams()
 class StepShape:
     """What is static about a working set's steps (the host knows it without reading the device).
 
-    `width`: slots fed per row, 1 when the set never drafts, else 1 + K. `drafts`: where drafts
+    `width`: slots fed per row, 1 when the set never drafts, else 1 + K (or fewer: `narrowed`). `drafts`: where drafts
     come from. `trust`: some row may commit drafts unverified (`hybrid_fast`). `ban_eos`: some row
     has a minimum length. Work a flag rules out is skipped, not computed and masked.
     """
@@ -80,7 +80,7 @@ class StepShape:
         before its drafts. Width 1 still drafts (nothing to verify, then the NAR pass)."""
         if self.drafts == "none" or self.trust or self.params.do_sample:
             return self
-        return replace(self, width=min(self.width, 1 + max(max_drafts, 0)))
+        return replace(self, width=min(self.width, 1 + max_drafts))
 
 
 def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *,
@@ -182,7 +182,7 @@ def _force(tokens: torch.Tensor, target: torch.Tensor, total: torch.Tensor, gen:
 
 
 def _commit_one(rows: Rows, *, done: torch.Tensor) -> None:
-    """Width 1: each live row committed one AR token (its last if `done`). Finished rows are
+    """`ar` (width 1, no drafts): each live row committed one AR token (its last if `done`). Finished rows are
     already finished, so `finished |= done` needs no live-row mask."""
     stepped = ~rows.finished
     rows.finished.logical_or_(done)
@@ -210,7 +210,7 @@ def _accept_sampled(model: Yue2ForConditionalGeneration, rows: Rows, logits: tor
                     shape: StepShape, generator: torch.Generator | None,
                     draft_q: list[torch.Tensor | None] | None) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Speculative sampling: accept draft i with probability min(1, p/q); on a rejection draw the
-    bonus from the residual max(0, p - q), else from p. Returns n_acc (A,) (None at width 1)
+    bonus from the residual max(0, p - q), else from p. Returns n_acc (A,) (None for `ar`)
     and the new tokens (A, W): the accepted drafts, then the bonus token."""
     p = processed_probs(logits, shape.params)  # (A, W, V)
     forced = forced_tokens(target, rows.total[:, None], model.generation_config)  # (A, W), -1 where free

@@ -191,7 +191,9 @@ class StepLayout:
         # at 768: 8-11 ms either way), and switching row counts step to step cost more than the
         # rows saved (base grown to 768, batch 1: 7 % slower narrowed, six paired runs).
         ar_linears = [m for layer in model.ar_layers() for m in (layer.self_attn.qkv_proj, layer.ffn.fc1)]
-        self.narrow_pays = all(isinstance(m, Int8Matrix) or (isinstance(m, DenseMatrix) and m.cpu and m.packed is None)
+        # Only what was measured: fp32 through MKL, and int8 (bf16 on the CPU was not).
+        self.narrow_pays = all(isinstance(m, Int8Matrix) or (isinstance(m, DenseMatrix) and m.cpu and m.packed is None
+                                                             and m.weight.dtype == torch.float32)
                                for m in (self.matrices[lin] for lin in ar_linears))
         bias = model.final_logits_bias[0].detach()
         self.vocab = matrix(vocab, bias, io_copy=True)  # (V, C)

@@ -3,8 +3,9 @@
 How drafts are made and trusted is a `DraftPolicy`: the NAR branch (`hybrid`), the NAR branch
 with confident drafts taken on trust (`hybrid_fast`), a host drafter such as prompt lookup
 (`prompt_lookup`), or none (`ar`). The host looks at the batch every `sync_every` steps (one small
-read: how many rows are live and how far their caches reach); rows that finished are then
-flushed to the output, and dropped from the working set once a quarter of it has finished.
+read: how many rows are live, how far their caches reach and the most drafts a row holds, which
+sizes the next step when it is narrowed); rows that finished are then flushed to the output, and
+dropped from the working set once a quarter of it has finished.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.webhooks.signing import headers
-from yue2_jobs.webhooks.targets import check_url
+from yue2_jobs.webhooks.targets import approved_addresses, pinned_request
 
 log = logging.getLogger(__name__)
 MAX_LOG = 20  # attempts kept in a delivery's log (the first ones and the latest)
@@ -44,14 +44,28 @@ def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, An
     """(status code, error) of one attempt; nothing raised."""
     body = json.dumps(payload, separators=(",", ":")).encode()
     try:
-        check_url(endpoint.url, allow_private=settings.webhook_allow_private)
-        response = client.post(endpoint.url, content=body, headers=headers(endpoint.secret, msg_id=event_id,
-                                                                            body=body))
+        response = post_pinned(client, endpoint.url, body=body, allow_private=settings.webhook_allow_private,
+                                headers=headers(endpoint.secret, msg_id=event_id, body=body))
     except InvalidRequestError as exc:
         return None, str(exc)
     except Exception as exc:  # httpx.HTTPError, httpx.InvalidURL (not an HTTPError), anything else
         return None, f"{type(exc).__name__}: {exc}"[:500]
     return response.status_code, None if response.is_success else f"HTTP {response.status_code}"
+
+
+def post_pinned(client: httpx.Client, url: str, *, body: bytes, allow_private: bool,
+                 headers: dict[str, str]) -> httpx.Response:
+    """POST to the addresses the SSRF check approved, in turn until one accepts the connection (as
+    a client tries each address of a name); the name is never resolved again in between."""
+    addresses = approved_addresses(url, allow_private=allow_private)
+    for i, address in enumerate(addresses):
+        pinned, host, extensions = pinned_request(url, address)
+        try:
+            return client.post(pinned, content=body, headers={**headers, **host}, extensions=extensions)
+        except httpx.ConnectError:
+            if i == len(addresses) - 1:
+                raise
+    raise AssertionError("unreachable: a name that resolves has an address")
 
 
 def _give_up_at(row: WebhookDelivery, now: Any, settings: Settings) -> Any:

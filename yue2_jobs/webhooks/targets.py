@@ -1,13 +1,14 @@
 """Which URLs a webhook may target: http(s) only, and (unless the operator allows it) no private,
 loopback, link-local or otherwise internal address, so an endpoint cannot make our workers probe
 the network they sit in (SSRF). Checked at registration and again before every delivery, since
-DNS may change between the two."""
+DNS may change between the two; a delivery then connects to an address this check approved, never
+to whatever the name answers next (`approved_addresses`, `pinned_request`)."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from yue2_jobs.errors import InvalidRequestError
 
@@ -78,15 +79,39 @@ def internal(address: str) -> bool:
 
 def check_url(url: str, *, allow_private: bool) -> str:
     """`url` when a webhook may be sent to it; otherwise a 400 naming `url` and the reason."""
+    approved_addresses(url, allow_private=allow_private)
+    return url
+
+
+def approved_addresses(url: str, *, allow_private: bool) -> list[str]:
+    """The addresses `url`'s host resolves to now, all of them allowed (else the 400 of `check_url`),
+    in the resolver's order. A delivery connects to one of these and to nothing else
+    (`pinned_request`): were the client to resolve the name again, a name that answers one address
+    to this check and another to the connection (DNS rebinding) would reach an unchecked one."""
     host, port = check_url_shape(url)
     try:
-        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)}
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise _bad(f"host {host!r} does not resolve ({exc})") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not allow_private:
         refused = sorted(a for a in addresses if internal(a))
         if refused:
             raise _bad(f"host {host!r} resolves to {', '.join(refused)}: private, loopback, link-local and "
                        f"other internal addresses are refused (an operator may allow them with "
                        f"YUE2_WEBHOOK_ALLOW_PRIVATE=true)")
-    return url
+    return addresses
+
+
+def pinned_request(url: str, address: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(URL, headers, httpx extensions) that send to `url` through `address`: the URL's host
+    replaced by the address, the original host in `Host`, and for https the original host as
+    the TLS server name, so SNI and the certificate check still name it."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    literal = f"[{ip}]" if ip.version == 6 else str(ip)
+    netloc = literal if parts.port is None else f"{literal}:{parts.port}"
+    host_header = parts.netloc.rsplit("@", 1)[-1]  # no credentials (refused at registration)
+    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    return urlunsplit(parts._replace(netloc=netloc)), {"Host": host_header}, extensions
