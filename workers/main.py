@@ -24,13 +24,14 @@ from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs import dead_workers
 from yue2_jobs.jobs.reconciler import reconcile_once, reconciler_lock, sweep_abandoned_uploads
 from yue2_jobs.jobs.state import renew_leases
-from yue2_jobs.queue import make_celery, queue_depth, queue_for
+from yue2_jobs.queue import broker_epoch, make_celery, queue_depth, queue_for
 from yue2_jobs.storage import storage_from_url
 from yue2_jobs.webhooks.delivery import deliver_due
 
 log = logging.getLogger("yue2.worker")
 REPORT_INTERVAL_S = 5.0  # a worker's row in worker_processes is at most this old (a swap reports at once)
 SWAP_POLL_S = 1.0  # how often the report thread looks for the watchdog's swap request
+BROKER_WATCH_S = 1.0  # how often the reconciling worker checks that Redis still holds its epoch key
 
 
 def load_runner(settings: Settings, variant: str, directory: Path | None = None) -> Runner:
@@ -78,8 +79,13 @@ def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any,
     and the webhook sender, each a thread."""
     last_pass: list[float] = []  # when this process's last pass went through
     lock = reconciler_lock(settings.resolved_database_url, node=node)
+    one_pass = threading.Lock()  # the timer's passes and the broker watch's, one at a time
 
     def reconcile() -> None:
+        with one_pass:
+            reconcile_pass()
+
+    def reconcile_pass() -> None:
         if not lock.held():
             last_pass.clear()
             return
@@ -92,6 +98,15 @@ def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any,
         last_pass[:] = [time.monotonic()]
 
     _every(settings.reconcile_interval_s, stop, reconcile, "reconciler")
+
+    def watch_broker() -> None:
+        # A wiped or replaced Redis lost its messages: a pass now republishes them (and recreates the
+        # epoch key), rather than at the next timed pass and after the grace or a lease.
+        if settings.broker_url.startswith("redis") and broker_epoch(settings, create=False) is None:
+            log.warning("the broker's epoch key is gone (Redis flushed or replaced): reconciling now")
+            reconcile()
+
+    _every(BROKER_WATCH_S, stop, watch_broker, "broker-watch")
     stores = {"outputs": storage}
     if settings.resolved_checkpoint_store_url != settings.resolved_storage_url:
         stores["checkpoint store"] = storage_from_url(settings.resolved_checkpoint_store_url,

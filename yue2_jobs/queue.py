@@ -141,6 +141,30 @@ def jobs_in_broker(settings: Settings, variants: Iterable[str], *, delivered_wit
     return held
 
 
+EPOCH_KEY = "yue2:broker-epoch"
+
+
+def broker_epoch(settings: Settings, *, create: bool = True) -> float | None:
+    """When the broker's data began (Unix time): a key in the broker's own Redis database, set by the
+    first process to ask after it was missing. A `FLUSHDB` or a fresh server without the old data
+    (a restart without persistence, a failover to an empty replica) takes the key with the
+    messages, so a job published before the epoch has no message unless it was published again
+    since (`reconciler`: such jobs are republished at once, not after the grace or a lease).
+    `create=False` only looks (None: missing); the filesystem broker has no epoch (None)."""
+    if not settings.broker_url.startswith("redis"):
+        return None
+    import redis
+
+    client = redis.Redis.from_url(settings.broker_url)
+    try:
+        if create:
+            client.set(EPOCH_KEY, repr(time.time()), nx=True)
+        raw = client.get(EPOCH_KEY)
+    finally:
+        client.close()
+    return None if raw is None else float(raw)
+
+
 def held_key(node: str) -> str:
     """Redis set of the delivery tags worker `node` received and has not acknowledged (as far as it
     knows: an acknowledged tag leaves the set at the worker's next prune)."""

@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery import Celery
-from sqlalchemy import delete
+from sqlalchemy import delete, select, true
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
-from yue2_jobs.db.models import WorkerProcess
+from yue2_jobs.db.models import Job, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 from yue2_jobs.jobs.state import release_claims
-from yue2_jobs.queue import restore_held
+from yue2_jobs.queue import broker_epoch, publish, restore_held
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,21 @@ class Released:
 
 
 def release(session: Session, *, settings: Settings, celery_app: Celery, worker: str) -> Released:
-    """Give back what the dead `worker` held: its claims, then its unacknowledged messages."""
+    """Give back what the dead `worker` held: its claims, then its unacknowledged messages. A
+    released job published before the broker's data began (Redis was flushed or replaced since)
+    has no message left to put back, and its record of held messages went with the data: it is
+    published again now, not when the reconciler finds its lease run out. (The epoch key is only
+    read here: while it is missing every released job counts as lost, and the reconciler's next
+    pass, which the broker watch starts, recreates it and republishes the queued jobs too.)"""
     jobs = release_claims(session, worker=worker)
     messages = restore_held(celery_app, settings, worker)
+    if jobs and settings.broker_url.startswith("redis"):
+        began = broker_epoch(settings, create=False)
+        lost_before = Job.enqueued_at < datetime.fromtimestamp(began, UTC) if began is not None else true()
+        lost = session.execute(select(Job.id, Job.variant).where(Job.id.in_(jobs), lost_before)).all()
+        session.commit()
+        if lost:
+            messages += publish(celery_app, session, [(j, v) for j, v in lost])
     if jobs or messages:
         log.warning("worker %s is gone: released %d running jobs and put %d messages back in their queues",
                     worker, len(jobs), messages)

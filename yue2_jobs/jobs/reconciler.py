@@ -1,11 +1,15 @@
 """The reconciler: makes the broker agree with Postgres, which is the record.
 
 - A job Postgres calls `queued` that the broker no longer holds (Redis restarted or was flushed,
-  the API died between commit and publish) is published again.
+  the API died between commit and publish) is published again: after `reconcile_grace_s`, or at
+  once when it was published before the broker's data began (`queue.broker_epoch`: a wiped or
+  replaced Redis is noticed by the next pass, which the workers' broker watch starts within a
+  second).
 - A worker silent for longer than `capacity.LIVE_WITHIN_S` is taken for dead: its claims end and
   its unacknowledged messages go back to their queues at once (`dead_workers`).
 - A `running` job whose lease ran out (its worker died) is published again, or failed once it has
-  used its `max_attempts`.
+  used its `max_attempts`: unless its last delivery is younger than a lease and was made into
+  the broker that holds the data now.
 - A batch past its `expires_at` is expired (`yue2_jobs.jobs.expiry`).
 - A batch whose jobs are all finished is finalized; a finalization whose writer died is redone.
 - Idempotency keys past their 24 h are dropped.
@@ -27,10 +31,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from celery import Celery
-from sqlalchemy import delete, or_, select, text
+from sqlalchemy import delete, false, or_, select, text
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
@@ -44,7 +48,7 @@ from yue2_jobs.jobs import dead_workers
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.expiry import expire_due
 from yue2_jobs.jobs.state import claim_jobs
-from yue2_jobs.queue import jobs_in_broker, publish
+from yue2_jobs.queue import broker_epoch, jobs_in_broker, publish
 from yue2_jobs.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -85,14 +89,18 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
             return report
     now = utcnow()
     cutoff = now - timedelta(seconds=settings.reconcile_grace_s)
+    # Published before the broker's data began: its message went with the old data, whatever its age.
+    began = broker_epoch(settings)
+    before_epoch = Job.enqueued_at < datetime.fromtimestamp(began, UTC) if began is not None else false()
     # Read Postgres before the broker: a job published after this read is not a candidate.
     queued = session.execute(select(Job.id, Job.variant).where(
         Job.status == JobStatus.QUEUED,
-        or_(Job.enqueued_at < cutoff, Job.enqueued_at.is_(None) & (Job.created_at < cutoff)))).all()
-    # A job republished within the last lease is left to that delivery.
+        or_(Job.enqueued_at < cutoff, before_epoch, Job.enqueued_at.is_(None) & (Job.created_at < cutoff)))).all()
+    # A job republished within the last lease is left to that delivery (if the broker still has it).
     expired = session.execute(select(Job.id, Job.variant, Job.attempts).where(
         Job.status == JobStatus.RUNNING, Job.lease_expires_at < now,
-        or_(Job.enqueued_at.is_(None), Job.enqueued_at < now - timedelta(seconds=settings.lease_s)))).all()
+        or_(Job.enqueued_at.is_(None), Job.enqueued_at < now - timedelta(seconds=settings.lease_s),
+            before_epoch))).all()
     session.commit()  # ends the transaction (and the advisory lock) before the broker round trip
     if reap_dead:  # each dead worker is released by one reconciler (reap deletes its row first)
         report.released_workers = dead_workers.reap(session, settings=settings, celery_app=celery_app)
