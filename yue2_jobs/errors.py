@@ -76,6 +76,14 @@ class ConflictError(PipelineError):
     """Raised when an action does not fit the object's state (cancelling a finished batch, say)."""
 
 
+class TooManyRequestsError(PipelineError):
+    """Raised when a tenant already has its limit of requests in flight (429, with Retry-After)."""
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class ServiceUnavailableError(PipelineError):
     """Raised when a dependency (the database, a connection pool) cannot serve now; the caller may retry (503)."""
 

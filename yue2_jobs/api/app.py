@@ -14,7 +14,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from yue2_jobs.api.deps import AppState
+from yue2_jobs.api.deps import AppState, InFlight
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
 from yue2_jobs.api.openapi import install as install_openapi
@@ -32,6 +32,7 @@ from yue2_jobs.errors import (
     PipelineError,
     StorageError,
     StorageUnavailableError,
+    TooManyRequestsError,
 )
 from yue2_jobs.jobs.capacity import unserved
 from yue2_jobs.queue import make_celery
@@ -50,6 +51,10 @@ def _pipeline_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(401, str(exc), type_="authentication_error")
     if isinstance(exc, ConflictError):
         return error_response(409, str(exc), type_="conflict_error")
+    if isinstance(exc, TooManyRequestsError):
+        response = error_response(429, str(exc), type_="rate_limit_error", code="too_many_requests_in_flight")
+        response.headers["Retry-After"] = str(exc.retry_after_s)
+        return response
     if isinstance(exc, StorageError) or exc.retryable:
         return error_response(503, str(exc), type_="service_unavailable")
     return error_response(500, str(exc), type_="server_error")
@@ -149,7 +154,7 @@ def create_app(settings: Settings) -> FastAPI:
         settings=settings, sessions=sessions, job_reader=JobReader(settings.resolved_database_url, sessions),
         storage=storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                  region=settings.s3_region),
-        celery=make_celery(settings))
+        celery=make_celery(settings), in_flight=InFlight(settings.tenant_max_in_flight))
     registry = CollectorRegistry()
     requests = Counter("yue2_api_requests", "API requests", ["method", "route", "status"], registry=registry)
     latency = Histogram("yue2_api_request_seconds", "API request latency", ["method", "route"], registry=registry,

@@ -77,11 +77,15 @@ def _stored(session: Session, *, tenant: str, key: str) -> tuple[IdempotencyKey,
 
 
 def _replay_or_wait(sessions: sessionmaker[Session], *, tenant: str, key: str, fp: str) -> JSONResponse | None:
-    """The stored response; None once the key is free (the first request failed or expired)."""
+    """The stored response; None once the key is free (the first request failed or expired).
+
+    Each look at the row is a session of its own, closed before the pause: a waiting twin holds no
+    pooled connection between looks (35 retries of one stuck key once held the whole pool), and
+    the tenant's in-flight limit (`deps.InFlight`) bounds how many threads its twins can hold."""
     deadline = time.monotonic() + WAIT_S
     pause = threading.Event()  # never set: waits POLL_S between looks at the row
-    with sessions() as session:
-        while True:
+    while True:
+        with sessions() as session:
             found = _stored(session, tenant=tenant, key=key)
             if found is None or found[1]:
                 return None
@@ -92,10 +96,10 @@ def _replay_or_wait(sessions: sessionmaker[Session], *, tenant: str, key: str, f
             if row.state == "done":
                 return JSONResponse(row.response_body, status_code=row.response_status or 200,
                                     headers={"Idempotent-Replayed": "true"})
-            if time.monotonic() > deadline:
-                raise ConflictError(f"a request with Idempotency-Key {key!r} is still running after "
-                                    f"{WAIT_S:.0f} s; retry later with the same key")
-            pause.wait(POLL_S)
+        if time.monotonic() > deadline:
+            raise ConflictError(f"a request with Idempotency-Key {key!r} is still running after "
+                                f"{WAIT_S:.0f} s; retry later with the same key")
+        pause.wait(POLL_S)
 
 
 def run_once(sessions: sessionmaker[Session], *, tenant: str, key: str | None, fingerprint_of: Callable[[], str],

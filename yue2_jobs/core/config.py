@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     max_batch_items: int = Field(50_000, ge=1, description="Most lines one batch input file may hold.")
     max_file_bytes: int = Field(200 * 1024 * 1024, ge=1, description="Largest upload to POST /v1/files.")
     max_request_bytes: int = Field(1024 * 1024, ge=1, description="Largest JSON request body.")
+    tenant_max_in_flight: int = Field(
+        16, ge=1, description="Requests one tenant may have in flight in one API process at once; more get 429 "
+        "with Retry-After, so one tenant's retries cannot take the threads and database connections all share."
+    )
     request_body_timeout_s: float = Field(
         30.0, gt=0, description="A JSON request body must be complete this long after its headers (else 408)."
     )
