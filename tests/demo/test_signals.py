@@ -34,6 +34,14 @@ def _in_session(sid: int) -> list[int]:
     return pids
 
 
+def _as_a_foreground_job() -> None:
+    """SIGINT and SIGQUIT as a terminal's foreground job gets them. A test run started in the
+    background of a script (`nohup make test &`) ignores both, and a child inherits that: the
+    demo would never see the Ctrl-C this test sends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 # Each signal, each program: SIGTERM to `make` alone (its demo must notice its parent died) and
 # Ctrl-C's SIGINT to the whole group; `yue2 ab demo` gets each on its own too.
 @pytest.mark.parametrize(("argv", "marker", "how"), [
@@ -46,7 +54,8 @@ def test_a_stopped_demo_leaves_no_process_and_no_directory(argv: list[str], mark
     log = tmp_path / "out.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)  # its own session: every process it starts is in it
+                            start_new_session=True,  # its own session: every process it starts is in it
+                            preexec_fn=_as_a_foreground_job)
     try:
         wait_for(lambda: marker in log.read_text() or proc.poll() is not None, timeout=240,
                  what=f"{marker!r} in the output", interval=0.2)
