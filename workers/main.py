@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from workers.deliveries import HeldDeliveries
 from workers.protocol import Runner
 from yue2_jobs.core.config import Settings
@@ -102,11 +104,16 @@ def _housekeeping(settings: Settings, *, node: str, sessions: Any, storage: Any,
     def watch_broker() -> None:
         # A wiped or replaced Redis lost its messages: a pass now republishes them (and recreates the
         # epoch key), rather than at the next timed pass and after the grace or a lease.
-        if settings.broker_url.startswith("redis") and broker_epoch(settings, create=False) is None:
+        try:
+            gone = broker_epoch(settings, create=False) is None
+        except RedisError:  # Redis down: the reconciler's own passes say so, not a traceback a second
+            return
+        if gone and lock.held():  # one process reconciles; the others would only repeat the warning
             log.warning("the broker's epoch key is gone (Redis flushed or replaced): reconciling now")
             reconcile()
 
-    _every(BROKER_WATCH_S, stop, watch_broker, "broker-watch")
+    if settings.broker_url.startswith("redis"):
+        _every(BROKER_WATCH_S, stop, watch_broker, "broker-watch")
     stores = {"outputs": storage}
     if settings.resolved_checkpoint_store_url != settings.resolved_storage_url:
         stores["checkpoint store"] = storage_from_url(settings.resolved_checkpoint_store_url,

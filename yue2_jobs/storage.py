@@ -259,11 +259,22 @@ class S3Storage:
             pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
             for page in pages:
                 for upload in page.get("Uploads", []):
-                    if upload["Initiated"] < cutoff:
-                        self.client.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
-                                                           UploadId=upload["UploadId"])
+                    if upload["Initiated"] < cutoff and self._abort(upload["Key"], upload["UploadId"]):
                         aborted.append(upload["Key"][len(prefix):])
         return aborted
+
+    def _abort(self, key: str, upload_id: str) -> bool:
+        """Abort one multipart upload; False when it is gone already (completed, or aborted by
+        another sweep since the listing), which is what the sweep wanted anyway."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") == "NoSuchUpload":
+                return False
+            raise
+        return True
 
     def list_keys(self, prefix: str) -> list[str]:
         keys: list[str] = []

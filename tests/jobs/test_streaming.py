@@ -106,3 +106,9 @@ def test_the_s3_sweep_aborts_only_uploads_older_than_the_limit() -> None:
                           {"Bucket": "yue2-sweep", "Key": "out/t/b/old.jsonl", "UploadId": "u-old"})
         assert store.abort_stale_uploads(older_than_s=3600) == ["t/b/old.jsonl"]
         stub.assert_no_pending_responses()
+        # Gone by the time it is aborted (completed, or another sweep's): not an error, not counted.
+        stub.add_response("list_multipart_uploads", {"Uploads": [
+            {"Key": "out/t/b/old.jsonl", "UploadId": "u-old", "Initiated": now - timedelta(hours=2)}],
+            "IsTruncated": False}, {"Bucket": "yue2-sweep", "Prefix": "out/"})
+        stub.add_client_error("abort_multipart_upload", service_error_code="NoSuchUpload", http_status_code=404)
+        assert store.abort_stale_uploads(older_than_s=3600) == []

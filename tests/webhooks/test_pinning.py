@@ -90,3 +90,6 @@ def test_https_keeps_the_name_for_sni_and_the_certificate() -> None:
         "https://[2001:db8::7]/a?b=1", {"Host": "hooks.example.com"}, {"sni_hostname": "hooks.example.com"})
     assert pinned_request("http://hooks.example.com:8080/a", "192.0.2.9") == (
         "http://192.0.2.9:8080/a", {"Host": "hooks.example.com:8080"}, {})
+    # An internationalised name goes on the wire, in Host and in SNI, in its IDNA form.
+    assert pinned_request("https://bücher.example/h", "192.0.2.9")[1:] == (
+        {"Host": "xn--bcher-kva.example"}, {"sni_hostname": "xn--bcher-kva.example"})

@@ -97,8 +97,10 @@ def _reconcile(args: argparse.Namespace) -> None:
         running = holder(session)  # skipped: the worker that holds the reconciler's lock runs the passes
     swept: dict[str, list[str]] = {}
     if not report.skipped:
-        stores = {"outputs": storage, "checkpoint store": storage_from_url(
-            s.resolved_checkpoint_store_url, endpoint_url=s.s3_endpoint_url, region=s.s3_region)}
+        stores = {"outputs": storage}
+        if s.resolved_checkpoint_store_url != s.resolved_storage_url:
+            stores["checkpoint store"] = storage_from_url(s.resolved_checkpoint_store_url,
+                                                          endpoint_url=s.s3_endpoint_url, region=s.s3_region)
         swept = sweep_abandoned_uploads(stores, settings=s)
     sent = deliver_due(session_factory(s.resolved_database_url), settings=s)
     print(json.dumps({**dataclasses.asdict(report), "reconciler": running, "webhook_attempts": sent,

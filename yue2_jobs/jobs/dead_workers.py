@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 class Released:
     worker: str
     jobs: list[str]  # running jobs whose claims ended
-    messages: int  # broker messages put back into their queues
+    messages: int  # broker messages put back into their queues, and jobs published again
 
 
 def release(session: Session, *, settings: Settings, celery_app: Celery, worker: str) -> Released:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from celery import Celery
+from redis.exceptions import RedisError
 from sqlalchemy import delete, false, or_, select, text
 from sqlalchemy.orm import Session
 
@@ -90,7 +91,11 @@ def reconcile_once(session: Session, *, settings: Settings, celery_app: Celery, 
     now = utcnow()
     cutoff = now - timedelta(seconds=settings.reconcile_grace_s)
     # Published before the broker's data began: its message went with the old data, whatever its age.
-    began = broker_epoch(settings)
+    try:
+        began = broker_epoch(settings)
+    except RedisError as exc:  # the rest of the pass (expiry, finalizing, key clean-up) needs no broker
+        log.warning("reconciler: the broker is unreachable (%s); its checks wait for the next pass", type(exc).__name__)
+        began = None
     before_epoch = Job.enqueued_at < datetime.fromtimestamp(began, UTC) if began is not None else false()
     # Read Postgres before the broker: a job published after this read is not a candidate.
     queued = session.execute(select(Job.id, Job.variant).where(

@@ -39,13 +39,17 @@ def _claimable(now: Any) -> Any:
             & or_(WebhookDelivery.claimed_until.is_(None), WebhookDelivery.claimed_until < now))
 
 
-def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, Any], event_id: str,
+def _send(endpoint: WebhookEndpoint, payload: dict[str, Any], event_id: str,
           settings: Settings) -> tuple[int | None, str | None]:
     """(status code, error) of one attempt; nothing raised."""
     body = json.dumps(payload, separators=(",", ":")).encode()
     try:
-        response = post_pinned(client, endpoint.url, body=body, allow_private=settings.webhook_allow_private,
-                                headers=headers(endpoint.secret, msg_id=event_id, body=body))
+        # A client of its own: pooled connections are keyed by address, not by name, so a shared one
+        # would send one host's events over a TLS connection set up (and certificate-checked) for
+        # another host on the same address.
+        with httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
+            response = post_pinned(client, endpoint.url, body=body, allow_private=settings.webhook_allow_private,
+                                   headers=headers(endpoint.secret, msg_id=event_id, body=body))
     except InvalidRequestError as exc:
         return None, str(exc)
     except Exception as exc:  # httpx.HTTPError, httpx.InvalidURL (not an HTTPError), anything else
@@ -56,13 +60,14 @@ def _send(client: httpx.Client, endpoint: WebhookEndpoint, payload: dict[str, An
 def post_pinned(client: httpx.Client, url: str, *, body: bytes, allow_private: bool,
                  headers: dict[str, str]) -> httpx.Response:
     """POST to the addresses the SSRF check approved, in turn until one accepts the connection (as
-    a client tries each address of a name); the name is never resolved again in between."""
+    a client tries each address of a name: one refused or silent, an IPv6 route that drops
+    packets, say); the name is never resolved again in between."""
     addresses = approved_addresses(url, allow_private=allow_private)
     for i, address in enumerate(addresses):
         pinned, host, extensions = pinned_request(url, address)
         try:
             return client.post(pinned, content=body, headers={**headers, **host}, extensions=extensions)
-        except httpx.ConnectError:
+        except (httpx.ConnectError, httpx.ConnectTimeout):
             if i == len(addresses) - 1:
                 raise
     raise AssertionError("unreachable: a name that resolves has an address")
@@ -106,7 +111,7 @@ def _give_up(session: Session, delivery_id: str, reason: str) -> None:
     session.commit()
 
 
-def _attempt(session: Session, client: httpx.Client, delivery_id: str, settings: Settings) -> bool:
+def _attempt(session: Session, delivery_id: str, settings: Settings) -> bool:
     """Claim and make one attempt at `delivery_id`; False when it was not this worker's to make."""
     now = utcnow()
     hold = timedelta(seconds=settings.webhook_timeout_s * 2 + 10)
@@ -124,7 +129,7 @@ def _attempt(session: Session, client: httpx.Client, delivery_id: str, settings:
         _give_up(session, delivery_id, f"not delivered within {settings.webhook_max_age_s:.0f} s of the event")
         return True
     started = time.perf_counter()
-    status_code, error = _send(client, endpoint, row.payload, row.event_id, settings)
+    status_code, error = _send(endpoint, row.payload, row.event_id, settings)
     try:
         _record(session, row, status_code=status_code, error=error, ms=(time.perf_counter() - started) * 1000,
                 settings=settings)
@@ -148,13 +153,13 @@ def deliver_due(sessions: sessionmaker[Session], *, settings: Settings, limit: i
     for good (a value the database refuses, say) is logged and given up on, one that meets a database
     outage waits for a later pass; either way the pass goes on to the next."""
     made = 0
-    with sessions() as session, httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client:
+    with sessions() as session:
         due = session.execute(select(WebhookDelivery.id).where(_claimable(utcnow()))
                               .order_by(WebhookDelivery.next_attempt_at).limit(limit)).scalars().all()
         session.commit()
         for delivery_id in due:
             try:
-                made += _attempt(session, client, delivery_id, settings)
+                made += _attempt(session, delivery_id, settings)
             except Exception as exc:
                 session.rollback()
                 if transient(exc):  # the database blinked: the claim runs out and a later pass retries

@@ -10,6 +10,8 @@ import ipaddress
 import socket
 from urllib.parse import urlsplit, urlunsplit
 
+import httpx
+
 from yue2_jobs.errors import InvalidRequestError
 
 MAX_URL_CHARS = 2048
@@ -108,10 +110,10 @@ def pinned_request(url: str, address: str) -> tuple[str, dict[str, str], dict[st
     replaced by the address, the original host in `Host`, and for https the original host as
     the TLS server name, so SNI and the certificate check still name it."""
     parts = urlsplit(url)
-    host = parts.hostname or ""
+    ascii_url = httpx.URL(url)  # an internationalised name in its IDNA (xn--) form, as it goes on the wire
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     literal = f"[{ip}]" if ip.version == 6 else str(ip)
     netloc = literal if parts.port is None else f"{literal}:{parts.port}"
-    host_header = parts.netloc.rsplit("@", 1)[-1]  # no credentials (refused at registration)
-    extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
+    host_header = ascii_url.netloc.decode("ascii")  # no credentials (refused at registration)
+    extensions = {"sni_hostname": ascii_url.raw_host.decode("ascii")} if parts.scheme == "https" else {}
     return urlunsplit(parts._replace(netloc=netloc)), {"Host": host_header}, extensions
