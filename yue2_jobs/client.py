@@ -23,10 +23,45 @@ class ApiError(PipelineError):
         self.status, self.param = status, param
 
 
+RETRIES_429 = 5  # a 429 (the tenant's requests in flight at the API's limit) is sent again this often
+MAX_RETRY_AFTER_S = 30.0
+
+
+class _RetryTooMany(httpx.BaseTransport):
+    """Sends a request again after a 429's `Retry-After`, up to RETRIES_429 times, as OpenAI's
+    client does: the API answers 429 at once when the tenant has its limit of requests in flight,
+    rather than queueing them, so a client that waits and retries gets through."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        request.read()  # the body in memory, to send again (uploads are read whole already)
+        for _ in range(RETRIES_429):
+            response = self.inner.handle_request(request)
+            if response.status_code != 429:
+                return response
+            response.close()
+            time.sleep(_retry_after_s(response))
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    """The response's `Retry-After` in seconds (1 when absent or not a number), at most MAX_RETRY_AFTER_S."""
+    try:
+        return min(max(float(response.headers.get("Retry-After", "1")), 0.0), MAX_RETRY_AFTER_S)
+    except ValueError:
+        return 1.0
+
+
 class Client:
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0) -> None:
         self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
-                                 headers={"Authorization": f"Bearer {api_key}"})
+                                 headers={"Authorization": f"Bearer {api_key}"},
+                                 transport=_RetryTooMany(httpx.HTTPTransport()))
 
     def _json(self, response: httpx.Response) -> Any:
         if response.status_code >= 400:
