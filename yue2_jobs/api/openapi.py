@@ -24,9 +24,11 @@ WHY = {
     400: "Invalid request: a field, a cursor or an Idempotency-Key, or a body that is not JSON.",
     401: "No API key, or one that is unknown, revoked or expired.",
     404: "No such object for this tenant.",
+    408: "The request body was not complete in time after its headers; the connection is closed.",
     409: "The object's state forbids it, or an Idempotency-Key was used for another request.",
     413: "The body, or a field, is over its limit (the message names the limit).",
     422: "A field fails validation (the message names it).",
+    429: "The tenant has its limit of requests in flight (YUE2_TENANT_MAX_IN_FLIGHT); retry after Retry-After.",
     431: "The request headers are over the limit.",
     503: "The database, the broker or storage is unavailable; retry later.",
 }
