@@ -67,9 +67,9 @@ def _lookup_tenant(sessions: sessionmaker[Session], secret: str | None) -> str:
 
 async def get_tenant(state: Annotated[AppState, Depends(get_state)],
                      authorization: Annotated[str | None, Header()] = None) -> AsyncIterator[str]:
-    """The caller's tenant, holding one of its in-flight slots until the request ends (429 when
-    none is free): a tenant's pile of retries waits at its own door, not in the thread pool and
-    the database pool every tenant shares."""
+    """The caller's tenant, holding one of its in-flight slots while the route runs (429 when none
+    is free): a tenant's pile of retries waits at its own door, not in the thread pool and the
+    database pool every tenant shares."""
     tenant = await _authenticated(state, authorization)
     state.in_flight.enter(tenant)
     try:
@@ -94,4 +94,6 @@ async def _authenticated(state: AppState, authorization: str | None) -> str:
 
 StateDep = Annotated[AppState, Depends(get_state)]
 SessionDep = Annotated[Session, Depends(get_session)]
-TenantDep = Annotated[str, Depends(get_tenant)]
+# scope="function": the slot is given back when the route returns, not once its response is sent, so
+# a slow client reading a streamed output file does not hold one of its tenant's slots meanwhile.
+TenantDep = Annotated[str, Depends(get_tenant, scope="function")]
