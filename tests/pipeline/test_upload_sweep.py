@@ -8,12 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 
 import boto3
 
-from tests.pipeline.conftest import ROOT
+from tests.pipeline.conftest import ROOT, wait_for
 from yue2_jobs.core.config import Settings
 from yue2_jobs.jobs.reconciler import sweep_abandoned_uploads
 from yue2_jobs.storage import CHUNK, S3Storage
@@ -38,10 +37,11 @@ def test_a_killed_writers_multipart_upload_is_aborted_by_the_sweep(s3: dict[str,
         assert writer.stdin is not None
         writer.stdin.write(b"x" * (9 * CHUNK))  # past the 8 MiB threshold: a multipart upload, part 1 sent
         writer.stdin.flush()
-        deadline = time.monotonic() + 60
-        while not _open_uploads(client, s3["bucket"], prefix):  # the writer now waits for part 2's bytes
-            assert writer.poll() is None and time.monotonic() < deadline, "the upload never started"
-            time.sleep(0.05)
+        def started() -> bool:  # the writer now waits for part 2's bytes
+            assert writer.poll() is None, "the writer exited before its upload started"
+            return bool(_open_uploads(client, s3["bucket"], prefix))
+
+        wait_for(started, timeout=60, what="the multipart upload to start", interval=0.05)
         writer.send_signal(signal.SIGKILL)
         writer.wait(timeout=30)
     finally:
