@@ -7,6 +7,7 @@ import time
 from collections import deque
 
 from workers.context import WorkerContext
+from workers.fair_share import FairShare
 from workers.job_io import JobInput, JobOutput
 from workers.micro_batch import MicroBatch
 from workers.protocol import EngineRunner, engine_runner
@@ -18,16 +19,18 @@ from yue2_jobs.jobs.state import ClaimedJob
 log = logging.getLogger(__name__)
 
 
-def run_continuous(ctx: WorkerContext, batch: MicroBatch, groups: list[list[str]]) -> float:
+def run_continuous(ctx: WorkerContext, batch: MicroBatch, groups: list[list[str]], *,
+                   share: FairShare | None = None) -> float:
     """Fresh jobs through the continuous-batching engine; returns the seconds spent decoding.
 
     Groups are claimed as the engine's queue runs low (one row set ahead), so claims are not held
     long before their decode; finished jobs are recorded in groups of `batch_max_jobs`, or after
     `batch_flush_ms` when fewer finish, so latency does not wait for the slowest row. If this
-    raises, the engine's rows are dropped (`batch` lets their claims go).
+    raises, the engine's rows are dropped (`batch` lets their claims go). Other tenants' waiting
+    jobs that `share` finds jump the engine's waiting line (`jobs.fair_share`).
     """
     try:
-        return _continuous_loop(ctx, batch, groups)
+        return _continuous_loop(ctx, batch, groups, share)
     except BaseException:
         er = engine_runner(ctx.runner)
         if er is not None and er.engine is not None:
@@ -66,7 +69,8 @@ class _Finished:
         self.done = []
 
 
-def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[str]]) -> float:
+def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[str]],
+                     share: FairShare | None) -> float:
     runner, engine = _engine_of(ctx)
     s = ctx.settings
     assert ctx.metrics is not None
@@ -80,6 +84,8 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
                 fin.flush(batch, runner)
             adopt_pending(ctx)
             runner, engine = _engine_of(ctx)
+        if share is not None and ctx.pending_runner is None and (others := share.due()):
+            decode_s += _admit_group(ctx, batch, others, runner, engine, fin, first=True)
         while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
             decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin)
         t0 = time.perf_counter()
@@ -102,9 +108,9 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
 
 
 def _admit_group(ctx: WorkerContext, batch: MicroBatch, group: list[str], runner: EngineRunner,
-                 engine: ContinuousBatcher[str], fin: _Finished) -> float:
+                 engine: ContinuousBatcher[str], fin: _Finished, *, first: bool = False) -> float:
     """Claim `group` and hand its jobs to the engine (or, those it cannot take, to `runner.run`);
-    returns the seconds `runner.run` decoded."""
+    returns the seconds `runner.run` decoded. `first`: ahead of the engine's waiting line."""
     rows = batch.claim(group)
     if not rows:
         return 0.0
@@ -119,7 +125,7 @@ def _admit_group(ctx: WorkerContext, batch: MicroBatch, group: list[str], runner
     for j in inputs:
         if j.id in bad:
             fin.add(j, bad[j.id])
-    engine.submit(requests)
+    engine.submit(requests, first=first)
     if not other:
         return 0.0
     t0 = time.perf_counter()

@@ -46,6 +46,7 @@ class MicroBatch:
         self.ctx, self.session = ctx, session
         self.claimed: set[str] = set()
         self.batch_ids: set[str] = set()
+        self._finalized: set[str] = set()  # by this micro-batch (touched only on the recorder thread and after it)
         self._pending: list[Future[None]] = []
 
     def __enter__(self) -> MicroBatch:
@@ -83,6 +84,11 @@ class MicroBatch:
         are `inputs`' (one each, in order), `failed` the results of jobs that failed before
         decoding; `runner` is the one that decoded them."""
         self._pending.append(self.ctx.recorder.submit(record, self.ctx, runner, rows, inputs, outputs, failed))
+        # A small batch whose last jobs these were is finalized now, not when this micro-batch ends
+        # (another tenant's batch started by fair share would wait for the whole micro-batch).
+        touched = {r.batch_id for r in rows if r.batch_id is not None}
+        if touched:
+            self._pending.append(self.ctx.recorder.submit(self._finalize_early, touched))
 
     def wait(self) -> None:
         """Until every recording handed over so far is done (re-raising the first failure)."""
@@ -95,10 +101,24 @@ class MicroBatch:
     def finish(self) -> None:
         """Finalize the batches this micro-batch touched (files, status) once its jobs are recorded;
         an outage leaves it to the reconciler's next pass."""
-        for batch_id in self.batch_ids:
+        self._finalize(self.batch_ids)
+
+    def _finalize_early(self, batch_ids: set[str]) -> None:
+        """`_finalize` on the recorder thread: whatever fails is left to `finish` and the reconciler."""
+        try:
+            self._finalize(batch_ids)
+        except Exception:
+            log.warning("finalizing batches %s early failed; retried when the micro-batch ends", sorted(batch_ids),
+                        exc_info=True)
+
+    def _finalize(self, batch_ids: set[str]) -> None:
+        """Finalize those of `batch_ids` whose jobs have all finished (a look at one index entry
+        for a batch that has not)."""
+        for batch_id in sorted(batch_ids - self._finalized):
             try:
                 with self.ctx.sessions() as session:
-                    try_finalize(session, batch_id=batch_id, storage=self.ctx.storage)
+                    if try_finalize(session, batch_id=batch_id, storage=self.ctx.storage):
+                        self._finalized.add(batch_id)
             except Exception as exc:
                 if not transient(exc):
                     raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 from celery import Celery
@@ -18,6 +19,7 @@ from sqlalchemy import select
 
 from workers.context import WorkerContext
 from workers.engine_loop import run_continuous
+from workers.fair_share import FairShare
 from workers.micro_batch import MicroBatch, in_db
 from workers.protocol import engine_runner
 from workers.record import load_inputs
@@ -25,6 +27,7 @@ from workers.swap import adopt_pending
 from workers.task_events import announce
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job
+from yue2_jobs.jobs.fair_share import interleave
 from yue2_jobs.queue import TASK_NAME
 
 log = logging.getLogger(__name__)
@@ -41,22 +44,29 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     job_ids = list(dict.fromkeys(job_ids))
     t_start, decode_s = time.perf_counter(), 0.0
     with ctx.sessions() as session, MicroBatch(ctx, session) as batch:
-        def read_attempts() -> dict[str, int]:
-            found = dict(session.execute(select(Job.id, Job.attempts).where(Job.id.in_(job_ids))).tuples().all())
+        def read_jobs() -> dict[str, tuple[int, str]]:
+            found = {j: (a, t) for j, a, t in session.execute(
+                select(Job.id, Job.attempts, Job.tenant).where(Job.id.in_(job_ids)))}
             session.commit()
             return found
 
-        attempts = in_db(ctx, session, "reading attempts", read_attempts)
-        fresh = [j for j in job_ids if attempts.get(j) == 0]
-        suspects = [j for j in job_ids if attempts.get(j, 0) > 0]
+        known = in_db(ctx, session, "reading attempts", read_jobs)
+        # Tenants take turns within the micro-batch (`jobs.fair_share`), each in message order.
+        fresh = interleave((j, known[j][1]) for j in job_ids if j in known and known[j][0] == 0)
+        suspects = [j for j in job_ids if j in known and known[j][0] > 0]
+        share = FairShare(ctx, session, serving={t for _, t in known.values()})
         # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
         # they come; suspects are claimed one at a time, right before they run alone.
         size = s.batch_max_jobs
         groups = [fresh[i:i + size] for i in range(0, len(fresh), size)]
         if engine_runner(ctx.runner) is not None:
-            decode_s += run_continuous(ctx, batch, groups)
+            decode_s += run_continuous(ctx, batch, groups, share=share)
             groups = []
-        for group in [*groups, *([j] for j in suspects)]:
+        todo = deque([*groups, *([j] for j in suspects)])
+        while todo:
+            if others := share.due():  # other tenants' waiting jobs go first
+                todo.extendleft(reversed([others[i:i + size] for i in range(0, len(others), size)]))
+            group = todo.popleft()
             if len(group) == 1 and group[0] in suspects:
                 batch.wait()  # a suspect may kill this process: keep what is done so far
             adopt_pending(ctx)  # a hot swap lands between groups
@@ -70,8 +80,8 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             decode_s += time.perf_counter() - t_decode
             batch.record(runner, rows=rows, inputs=inputs, outputs=outputs, failed=failed)
     batch.finish()
-    log.info("micro-batch of %d jobs in %.2fs, %.2fs of it decoding", len(job_ids), time.perf_counter() - t_start,
-             decode_s)
+    log.info("micro-batch of %d jobs (and %d of other tenants) in %.2fs, %.2fs of it decoding", len(job_ids),
+             share.started, time.perf_counter() - t_start, decode_s)
 
 
 def _ids(arg: str | list[str]) -> list[str]:

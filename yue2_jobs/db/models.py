@@ -113,6 +113,8 @@ class Job(Base):
         UniqueConstraint("batch_id", "custom_id", "variant", name="uq_jobs_batch_custom_id_variant"),
         Index("ix_jobs_batch_status", "batch_id", "status"),
         Index("ix_jobs_status_enqueued", "status", "enqueued_at"),
+        # jobs.fair_share: which tenants wait for a variant, and each one's oldest queued jobs.
+        Index("ix_jobs_fair_share", "status", "variant", "tenant", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

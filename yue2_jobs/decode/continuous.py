@@ -91,14 +91,20 @@ class ContinuousBatcher(Generic[K]):
 
     # ---- public -------------------------------------------------------------------------------
 
-    def submit(self, requests: list[DecodeRequest[K]]) -> None:
-        """Queue requests; an invalid one comes back failed from the next `step`, alone."""
+    def submit(self, requests: list[DecodeRequest[K]], *, first: bool = False) -> None:
+        """Queue requests (`first`: ahead of those waiting, in their order); an invalid one comes
+        back failed from the next `step`, alone."""
+        valid: list[DecodeRequest[K]] = []
         for req in requests:
             problem = self._check(req)
             if problem:
                 self.rejected.append(DecodeResult(request=req, error=ValueError(problem)))
             else:
-                self.waiting.append(req)
+                valid.append(req)
+        if first:
+            self.waiting.extendleft(reversed(valid))
+        else:
+            self.waiting.extend(valid)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.rejected or self.live)

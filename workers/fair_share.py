@@ -1,0 +1,44 @@
+"""When a busy worker looks for other tenants' waiting jobs (the policy is `jobs.fair_share`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from sqlalchemy.orm import Session
+
+from workers.context import WorkerContext
+from yue2_jobs.core.retry import transient
+from yue2_jobs.jobs.fair_share import jobs_to_share
+
+log = logging.getLogger(__name__)
+
+
+class FairShare:
+    """One micro-batch's looks at the queue: the first after `fair_share_poll_s` (a micro-batch
+    shorter than that never looks), then one per poll. `serving`: the tenants it was handed."""
+
+    def __init__(self, ctx: WorkerContext, session: Session, *, serving: set[str]) -> None:
+        self.ctx, self.session, self.serving = ctx, session, serving
+        self.next_at = time.monotonic() + ctx.settings.fair_share_poll_s
+        self.started = 0
+
+    def due(self) -> list[str]:
+        """Ids of other tenants' jobs to claim and start next (empty between polls)."""
+        s = self.ctx.settings
+        if s.fair_share_rows == 0 or time.monotonic() < self.next_at:
+            return []
+        self.next_at = time.monotonic() + s.fair_share_poll_s
+        try:
+            ids = jobs_to_share(self.session, variant=self.ctx.runner.variant, serving=self.serving,
+                                share=s.fair_share_rows)
+        except Exception as exc:  # an outage: the micro-batch goes on with its own jobs
+            if not transient(exc):
+                raise
+            self.session.rollback()
+            log.warning("fair share: the queue could not be read (%s); next poll", type(exc).__name__)
+            return []
+        if ids:
+            self.started += len(ids)
+            log.info("fair share: starting %d queued jobs of other tenants ahead of this micro-batch", len(ids))
+        return ids
