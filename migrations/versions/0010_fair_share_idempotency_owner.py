@@ -1,5 +1,6 @@
 """jobs: an index for the fair-share claim order; idempotency_keys: the owning API process and
-the resource its request committed, so a dead owner's key is taken over in seconds
+the running request's claim token and the resource it committed, so a dead owner's key is taken
+over in seconds, safely
 
 Revision ID: 0010
 Revises: 0009
@@ -21,11 +22,13 @@ def upgrade() -> None:
     op.create_index('ix_jobs_fair_share', 'jobs', ['status', 'variant', 'tenant', 'created_at'], unique=False)
     with op.batch_alter_table('idempotency_keys', schema=None) as batch_op:
         batch_op.add_column(sa.Column('owner', sa.BigInteger(), nullable=True))
+        batch_op.add_column(sa.Column('claim', sa.String(length=32), nullable=True))
         batch_op.add_column(sa.Column('resource', sa.String(length=80), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('idempotency_keys', schema=None) as batch_op:
         batch_op.drop_column('resource')
+        batch_op.drop_column('claim')
         batch_op.drop_column('owner')
     op.drop_index('ix_jobs_fair_share', table_name='jobs')

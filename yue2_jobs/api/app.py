@@ -15,6 +15,7 @@ from sqlalchemy.exc import DataError, IntegrityError, OperationalError, Programm
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yue2_jobs.api.deps import AppState, InFlight
+from yue2_jobs.api.idempotency import Owner
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.api.middleware import BodyLimitMiddleware, HeaderLimitMiddleware, MetricsMiddleware, error_response
 from yue2_jobs.api.openapi import install as install_openapi
@@ -154,7 +155,8 @@ def create_app(settings: Settings) -> FastAPI:
         settings=settings, sessions=sessions, job_reader=JobReader(settings.resolved_database_url, sessions),
         storage=storage_from_url(settings.resolved_storage_url, endpoint_url=settings.s3_endpoint_url,
                                  region=settings.s3_region),
-        celery=make_celery(settings), in_flight=InFlight(settings.tenant_max_in_flight))
+        celery=make_celery(settings), in_flight=InFlight(settings.tenant_max_in_flight),
+        owner=Owner(settings.resolved_database_url))
     registry = CollectorRegistry()
     requests = Counter("yue2_api_requests", "API requests", ["method", "route", "status"], registry=registry)
     latency = Histogram("yue2_api_request_seconds", "API request latency", ["method", "route"], registry=registry,

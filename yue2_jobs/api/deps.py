@@ -11,6 +11,7 @@ from fastapi import Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 
+from yue2_jobs.api.idempotency import Owner
 from yue2_jobs.api.job_reader import JobReader
 from yue2_jobs.auth import cached_tenant, tenant_for_key
 from yue2_jobs.core.config import Settings
@@ -48,6 +49,7 @@ class AppState:
     celery: Celery
     job_reader: JobReader
     in_flight: InFlight
+    owner: Owner  # this process, as the owner of the Idempotency-Keys it runs
 
 
 async def get_state(request: Request) -> AppState:

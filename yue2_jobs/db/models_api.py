@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from yue2_jobs.db.models import Base
@@ -28,7 +28,12 @@ class IdempotencyKey(Base):
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime]
-    locked_until: Mapped[datetime]  # a `running` row past this was left by a crashed request
+    locked_until: Mapped[datetime]  # a `running` row past this, with no live `owner`, was left by a crashed request
+    # The API process running the request: its Postgres advisory lock (`api.idempotency.Owner`)
+    # is free once that process is dead. None: nobody can vouch for it (SQLite), so `locked_until`.
+    owner: Mapped[int | None] = mapped_column(BigInteger)
+    claim: Mapped[str | None] = mapped_column(String(32))  # the running request's token: it fences its commit
+    resource: Mapped[str | None] = mapped_column(String(80))  # "batch:<id>" etc., written in the resource's commit
     expires_at: Mapped[datetime] = mapped_column(index=True)
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
 
-from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
+from yue2_jobs.api.deps import AppState, SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
-from yue2_jobs.api.routes.enqueue import enqueue_later
+from yue2_jobs.api.routes.enqueue import enqueue_later, enqueue_unpublished
 from yue2_jobs.api.views import batch_view, list_view
 from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.db.listing import DEFAULT_LIMIT
@@ -34,8 +36,8 @@ class BatchCreate(BaseModel):
 
 
 @router.post("")
-def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant: TenantDep,
-                 background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+async def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant: TenantDep,
+                       background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
     def create() -> dict[str, Any]:
         submitted = batch_service.submit(
             session, tenant=tenant, input_file_id=req.input_file_id, endpoint=req.endpoint,
@@ -44,8 +46,18 @@ def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, tenant:
         enqueue_later(background, state, submitted.to_enqueue)
         return batch_view(submitted)
 
-    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=create,
-                    fingerprint_of=lambda: fingerprint("POST", "/v1/batches", req.model_dump()))
+    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+                          status=200, action=create, resume=_resumer(state, session, tenant, background),
+                          fingerprint_of=lambda: fingerprint("POST", "/v1/batches", req.model_dump()))
+
+
+def _resumer(state: AppState, session: Session, tenant: str, background: BackgroundTasks) -> Callable[[str], Any]:
+    """The answer for a batch whose creating request died after committing it (`api.idempotency`)."""
+    def resume(batch_id: str) -> dict[str, Any]:
+        enqueue_unpublished(background, state, session, batch_id=batch_id)
+        return batch_view(batch_service.read(session, tenant=tenant, batch_id=batch_id))
+
+    return resume
 
 
 @router.get("")
@@ -72,8 +84,8 @@ def cancel_batch(batch_id: str, state: StateDep, session: SessionDep, tenant: Te
 
 
 @router.post("/{batch_id}/retry_failed")
-def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep,
-                 background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+async def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep,
+                       background: BackgroundTasks, idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
     """A new batch of this ended batch's failed, expired and cancelled lines, linked by
     `metadata.retry_of`. A batch is retried at most once at a time (409 while its retry runs); a
     retry with the same `Idempotency-Key` gets the first answer back."""
@@ -83,5 +95,6 @@ def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tenant: Te
         enqueue_later(background, state, retried.to_enqueue)
         return batch_view(retried)
 
-    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=retry,
-                    fingerprint_of=lambda: fingerprint("POST", f"/v1/batches/{batch_id}/retry_failed", b""))
+    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+                          status=200, action=retry, resume=_resumer(state, session, tenant, background),
+                          fingerprint_of=lambda: fingerprint("POST", f"/v1/batches/{batch_id}/retry_failed", b""))

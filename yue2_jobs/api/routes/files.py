@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Form, Response, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
@@ -18,22 +19,25 @@ router = APIRouter(prefix="/v1/files", tags=["files"])
 
 
 @router.post("")
-def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
-                purpose: Annotated[str, Form()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+async def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
+                      purpose: Annotated[str, Form()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
     # The multipart parser has spooled the file to disk; it is read a piece at a time from there,
-    # once to measure it and once into storage, never whole into memory.
-    measured = files.measure(file.file, max_bytes=state.settings.max_file_bytes)
+    # once to measure it and once into storage, never whole into memory (on a pool thread).
+    measured = await run_in_threadpool(files.measure, file.file, max_bytes=state.settings.max_file_bytes)
     filename = file.filename or "upload.jsonl"
 
     def create() -> dict[str, Any]:
         return file_view(files.create_file(session, tenant=tenant, filename=filename, purpose=purpose,
                                            data=file.file, measured=measured, storage=state.storage))
 
+    def resume(file_id: str) -> dict[str, Any]:
+        return file_view(files.get_file(session, tenant=tenant, file_id=file_id))
+
     def fingerprint_of() -> str:
         return fingerprint("POST", "/v1/files", f"{purpose}\n{filename}\n{measured.sha256}".encode())
 
-    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=200, action=create,
-                    fingerprint_of=fingerprint_of)
+    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+                          status=200, action=create, resume=resume, fingerprint_of=fingerprint_of)
 
 
 @router.get("")

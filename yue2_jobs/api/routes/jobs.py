@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
-from yue2_jobs.api.routes.enqueue import enqueue_later
+from yue2_jobs.api.routes.enqueue import enqueue_later, enqueue_unpublished
 from yue2_jobs.api.views import dumps, job_view
 from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import ConflictError, NotFoundError
@@ -20,8 +20,8 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 
 @router.post("", status_code=201)
-def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, background: BackgroundTasks,
-               body: Annotated[Any, Body()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+async def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, background: BackgroundTasks,
+                     body: Annotated[Any, Body()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
     def create() -> dict[str, Any]:
         job, warnings = service.submit_job(session, tenant=tenant, body=body, settings=state.settings,
                                            storage=state.storage)
@@ -31,8 +31,13 @@ def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, backgrou
             view["warnings"] = warnings
         return view
 
-    return run_once(state.sessions, tenant=tenant, key=idempotency_key, status=201, action=create,
-                    fingerprint_of=lambda: fingerprint("POST", "/v1/jobs", body))
+    def resume(job_id: str) -> dict[str, Any]:
+        enqueue_unpublished(background, state, session, job_id=job_id)
+        return job_view(service.get_job(session, tenant=tenant, job_id=job_id), storage=state.storage,
+                        presign_expiry_s=state.settings.presign_expiry_s)
+
+    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key, status=201,
+                          action=create, resume=resume, fingerprint_of=lambda: fingerprint("POST", "/v1/jobs", body))
 
 
 @router.get("/{job_id}", response_class=Response)
