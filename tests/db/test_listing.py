@@ -50,8 +50,9 @@ def test_a_cursor_must_be_one_of_the_tenants_ids(session: Session) -> None:
     for bad in (theirs[0], "file-nothing", "not an id!"):
         with pytest.raises(InvalidRequestError) as caught:
             page(session, File, tenant="me", limit=5, after=bad)
-        assert (caught.value.field, caught.value.status, caught.value.code) == ("after", 400, "unknown_cursor")
+        assert (caught.value.field, caught.value.status, caught.value.code) == ("after", 404, "unknown_cursor")
     assert page(session, File, tenant="me", limit=5, after=mine[1]).rows[0].id == mine[0]
+    assert [f.id for f in page(session, File, tenant="me", limit=5, after="").rows] == mine[::-1]  # no cursor
 
 
 @pytest.mark.parametrize("limit", [0, -1, MAX_LIMIT + 1])

@@ -38,11 +38,13 @@ def test_lists_page_newest_first_with_cursors_and_limits(quiet_api: Any) -> None
     for bad in ({"limit": 0}, {"limit": 101}):
         r = http.get("/v1/batches", headers=h, params=bad)
         assert r.status_code == 400 and r.json()["error"]["param"] == "limit" and "1 to 100" in r.text
-    for after in ("batch_nope", made[0] + "x", "a b"):
+    for after in ("batch_nope", made[0] + "x", "a b"):  # names none of the tenant's objects: 404
         r = http.get("/v1/batches", headers=h, params={"after": after})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "after", after
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_cursor", after
+        assert r.json()["error"]["param"] == "after" and after in r.json()["error"]["message"]
     other = headers(settings)  # another tenant's id is an unknown cursor too
-    assert http.get("/v1/batches", headers=other, params={"after": made[0]}).status_code == 400
+    assert http.get("/v1/batches", headers=other, params={"after": made[0]}).status_code == 404
+    assert http.get("/v1/batches", headers=h, params={"after": ""}).json()["data"][0]["id"] == made[-1]  # no cursor
     files = http.get("/v1/files", headers=h, params={"purpose": "batch", "order": "asc", "limit": 100}).json()
     assert len(files["data"]) == 7 and [f["purpose"] for f in files["data"]] == ["batch"] * 7
     assert files["data"][0]["created_at"] <= files["data"][-1]["created_at"]

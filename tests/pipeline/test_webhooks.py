@@ -105,7 +105,9 @@ def test_deleting_an_endpoint_stops_its_deliveries(quiet_api: Any) -> None:
     ("http://127.0.0.1:9/x", "127.0.0.1"),
     ("http://169.254.169.254/latest/meta-data", "169.254.169.254"),
     ("http://10.1.2.3/x", "10.1.2.3"),
-    ("http://[::1]:8080/x", "::1"),
+    ("http://[::1]:8080/x", "IPv6 literals are not supported"),
+    ("http://bücher.example/x", "xn-- form"),  # never resolved: refused by its shape first
+    ("http://127.0.0.1:0080/x", "without leading zeros"),
     ("http://localhost/x", "internal"),
     ("http://user:pw@127.0.0.1/x", "credentials"),
     ("http:///nohost", "no host"),
@@ -132,8 +134,11 @@ def test_endpoint_limits(quiet_api: Any) -> None:
     for _ in range(settings.webhook_max_endpoints):
         register(http, h, url)
     r = http.post("/v1/webhooks", headers=h, json={"url": url, "events": ["batch.completed"]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "webhooks"
+    assert r.status_code == 409 and r.json()["error"]["param"] == "webhooks"  # a well-formed body; the count is full
     assert "limit of 3 endpoints per tenant" in r.json()["error"]["message"]
+    r = http.post("/v1/webhooks", headers=h, json={"url": url, "events": ["batch.completed"],
+                                                   "event_types": ["batch.failed"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "events" and "not both" in r.text
 
 
 def test_a_worker_sends_the_event_of_the_batch_it_finished(pipeline_env: dict[str, str], workers: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -99,7 +100,9 @@ def _install_error_handlers(app: FastAPI) -> None:
                                   f"the request body is not valid JSON or nests more than {MAX_JSON_DEPTH} levels",
                                   type_="invalid_request_error" if exc.status_code < 500 else "server_error",
                                   param="body" if body_error else None)
-        response.headers.update(exc.headers or {})  # Allow on a 405, say
+        response.headers.update(exc.headers or {})
+        if exc.status_code == 405:  # Starlette names only the first route on the path that matched
+            response.headers["Allow"] = ", ".join(_allowed_methods(request))
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -107,6 +110,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"] if p != "body") or "body"
         return error_response(422, f"{field}: {err['msg']}", type_="invalid_request_error", param=field)
+
+
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method the API's document gives the request's path (for a 405's `Allow`)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi()["paths"].items():
+        pattern = "".join("[^/]+" if part.startswith("{") else re.escape(part)
+                          for part in re.split(r"(\{[^/}]+\})", template))
+        if re.fullmatch(pattern, request.url.path):
+            methods.update(m.upper() for m in operations if m in HTTP_METHODS)
+    return sorted(methods)
 
 
 def _unknown_route(path: str) -> str:

@@ -117,6 +117,7 @@ def build(app: FastAPI) -> dict[str, Any]:
     # The routes check these in their own words; the document states the same rules.
     upload = components["Body_upload_file_v1_files_post"]["properties"]
     upload["purpose"] = {"type": "string", "enum": ["batch"], "title": "Purpose"}
+    components["Body_upload_file_v1_files_post"]["additionalProperties"] = False  # other fields: a 400
     batch = components["BatchCreate"]["properties"]
     batch["endpoint"] = {"type": "string", "enum": sorted(ENDPOINTS), "title": "Endpoint"}
     batch["completion_window"] = {"type": "string", "enum": ["24h"], "default": "24h", "title": "Completion Window"}

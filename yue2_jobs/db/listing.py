@@ -36,20 +36,18 @@ def check_limit(limit: int) -> int:
 
 def page(session: Session, model: type[T], *, tenant: str, limit: int, after: str | None, order: Order = "desc",
          where: tuple[Any, ...] = ()) -> Page[T]:
-    """One page of `tenant`'s `model` rows matching `where`. An `after` that is not one of the
-    tenant's ids is a 400 naming it (as OpenAI answers), not an empty page."""
+    """One page of `tenant`'s `model` rows matching `where`. An empty `after` is no cursor (the
+    first page); one that names none of the tenant's objects is a 404 naming it (the object it
+    points at is not found), not an empty page."""
     check_limit(limit)
     table: Any = model
     newest_first = order == "desc"
     stmt = select(model).where(table.tenant == tenant, *where)
-    if after is not None:
-        if ID_SHAPE.fullmatch(after) is None:
-            raise InvalidRequestError(f"after: no object {after!r} to page after", field="after", status=400,
-                                      code="unknown_cursor")
-        cursor = session.execute(select(table.created_at, table.id).where(
-            table.id == after, table.tenant == tenant)).one_or_none()
+    if after:
+        cursor = None if ID_SHAPE.fullmatch(after) is None else session.execute(
+            select(table.created_at, table.id).where(table.id == after, table.tenant == tenant)).one_or_none()
         if cursor is None:
-            raise InvalidRequestError(f"after: no object {after!r} to page after", field="after", status=400,
+            raise InvalidRequestError(f"after: no object {after!r} to page after", field="after", status=404,
                                       code="unknown_cursor")
         at, cid = cursor
         if newest_first:

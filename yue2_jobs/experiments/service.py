@@ -41,7 +41,12 @@ def create_experiment(session: Session, *, tenant: str, name: str, mode: str, va
         if not v["weight"] > 0:
             raise InvalidRequestError(f"variants[{i}].weight must be > 0", field=f"variants[{i}].weight")
     if len(set(names)) != len(names):
-        raise InvalidRequestError("variants must be different variants", field="variants")
+        # 409, not 422: the body has the documented shape (a JSON Schema cannot say "unique by one
+        # property"); its arms clash, as a duplicate name does.
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidRequestError(f"variants name {', '.join(map(repr, twice))} more than once; an experiment "
+                                  f"compares different variants", field="variants", status=409,
+                                  code="duplicate_variant")
     exp = Experiment(id=new_id("exp_"), tenant=tenant, name=name, mode=mode, created_at=utcnow(),
                      arms={"variants": [{"variant": v["variant"], "weight": float(v["weight"])} for v in variants]})
     session.add(exp)

@@ -29,7 +29,7 @@ def create_endpoint(session: Session, *, tenant: str, url: str, events: list[str
                             .where(WebhookEndpoint.tenant == tenant)).scalar_one()
     if count >= settings.webhook_max_endpoints:
         raise LimitExceededError(field="webhooks", limit=settings.webhook_max_endpoints, actual=count + 1,
-                                 unit="endpoints per tenant", status=400)
+                                 unit="endpoints per tenant", status=409)
     endpoint = WebhookEndpoint(id=new_id("wh_"), tenant=tenant, url=url, events=sorted(set(events)),
                                secret=new_secret(), description=description, created_at=utcnow())
     session.add(endpoint)

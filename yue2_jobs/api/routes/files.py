@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Form, Response, UploadFile
+from fastapi import APIRouter, Form, Request, Response, UploadFile
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -12,15 +12,22 @@ from yue2_jobs.api.deps import SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
 from yue2_jobs.api.views import file_view, list_view
 from yue2_jobs.db.listing import DEFAULT_LIMIT
+from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs import files
 from yue2_jobs.storage import read_chunks
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
+FORM_FIELDS = {"file", "purpose"}
 
 
 @router.post("")
-async def upload_file(state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
+async def upload_file(request: Request, state: StateDep, session: SessionDep, tenant: TenantDep, file: UploadFile,
                       purpose: Annotated[str, Form()], idempotency_key: IdempotencyKeyHeader = None) -> JSONResponse:
+    # The parsed form (Starlette keeps it): a field the document does not name is refused, not ignored.
+    unknown = sorted(set((await request.form()).keys()) - FORM_FIELDS)
+    if unknown:
+        raise InvalidRequestError(f"unknown form fields {unknown}; send only {sorted(FORM_FIELDS)}",
+                                  field=unknown[0], status=400)
     # The multipart parser has spooled the file to disk; it is read a piece at a time from there,
     # once to measure it and once into storage, never whole into memory (on a pool thread).
     measured = await run_in_threadpool(files.measure, file.file, max_bytes=state.settings.max_file_bytes)

@@ -17,16 +17,21 @@ from yue2_jobs.db.listing import DEFAULT_LIMIT
 from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.webhooks import endpoints
 from yue2_jobs.webhooks.events import EVENT_TYPES
-from yue2_jobs.webhooks.targets import MAX_URL_CHARS
+from yue2_jobs.webhooks.targets import MAX_URL_CHARS, URL_PATTERN
 
 router = APIRouter(tags=["webhooks"])
-EventList = Annotated[list[SafeStr], Field(min_length=1, max_length=len(EVENT_TYPES))]
+# The event names are checked by the service (a 400 naming the unknown ones); the document lists them.
+EventName = Annotated[SafeStr, Field(json_schema_extra={"enum": list(EVENT_TYPES)})]
+EventList = Annotated[list[EventName], Field(min_length=1, max_length=len(EVENT_TYPES))]
 
 
 class WebhookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """`events` (or the openai client's `event_types`), not both; neither subscribes to every event."""
 
-    url: SafeStr = Field(max_length=MAX_URL_CHARS)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"not": {"required": ["events", "event_types"]}})
+
+    # The URL's rules as a pattern the document states and `targets.check_url_shape` applies.
+    url: SafeStr = Field(max_length=MAX_URL_CHARS, json_schema_extra={"pattern": URL_PATTERN})
     events: EventList | None = None
     event_types: EventList | None = None  # the openai client's name for `events`
     description: SafeStr = Field("", max_length=200)
@@ -35,11 +40,13 @@ class WebhookCreate(BaseModel):
 
 @router.post("", status_code=201)
 def create_webhook(req: WebhookCreate, state: StateDep, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
-    if (req.events is None) == (req.event_types is None):
-        raise InvalidRequestError("send the event types as `events` (or `event_types`), once", field="events",
+    if req.events is not None and req.event_types is not None:
+        raise InvalidRequestError("send the event types as `events` or as `event_types`, not both", field="events",
                                   status=400)
-    endpoint = endpoints.create_endpoint(session, tenant=tenant, url=req.url, events=req.events or req.event_types
-                                         or [], description=req.name or req.description, settings=state.settings)
+    events = req.events if req.events is not None else req.event_types if req.event_types is not None \
+        else list(EVENT_TYPES)
+    endpoint = endpoints.create_endpoint(session, tenant=tenant, url=req.url, events=events,
+                                         description=req.name or req.description, settings=state.settings)
     return webhook_view(endpoint, with_secret=True)
 
 
