@@ -16,12 +16,14 @@ log = logging.getLogger(__name__)
 
 class FairShare:
     """One micro-batch's looks at the queue: the first after `fair_share_poll_s` (a micro-batch
-    shorter than that never looks), then one per poll. `serving`: the tenants it was handed."""
+    shorter than that never looks), then one per poll, while it holds fewer than
+    `fair_share_rows` other tenants' jobs. `serving`: the tenants it was handed."""
 
     def __init__(self, ctx: WorkerContext, session: Session, *, serving: set[str]) -> None:
         self.ctx, self.session, self.serving = ctx, session, serving
         self.next_at = time.monotonic() + ctx.settings.fair_share_poll_s
         self.started = 0
+        self.taken: set[str] = set()  # the other tenants' jobs this micro-batch claimed
 
     def due(self) -> list[str]:
         """Ids of other tenants' jobs to claim and start next (empty between polls)."""
@@ -29,9 +31,13 @@ class FairShare:
         if s.fair_share_rows == 0 or time.monotonic() < self.next_at:
             return []
         self.next_at = time.monotonic() + s.fair_share_poll_s
+        with self.ctx.lock:  # still claimed: not recorded yet
+            holding = len(self.taken & self.ctx.claims.keys())
+        if holding >= s.fair_share_rows:
+            return []
         try:
             ids = jobs_to_share(self.session, variant=self.ctx.runner.variant, serving=self.serving,
-                                share=s.fair_share_rows)
+                                share=s.fair_share_rows, limit=s.fair_share_rows - holding)
         except Exception as exc:  # an outage: the micro-batch goes on with its own jobs
             if not transient(exc):
                 raise
@@ -40,5 +46,6 @@ class FairShare:
             return []
         if ids:
             self.started += len(ids)
+            self.taken.update(ids)
             log.info("fair share: starting %d queued jobs of other tenants ahead of this micro-batch", len(ids))
         return ids

@@ -54,15 +54,28 @@ def test_a_tenant_not_served_gets_its_oldest_jobs_up_to_its_share(db: tuple[Sess
     c = add(db, "C", 1)
     add(db, "D", 2, variant="legal")  # another variant's queue is another worker's
     assert queued_tenants(session, variant="base") == ["A", "B", "C"]
-    # The worker serves A: B gets its 3 oldest, C its one; D waits for a legal worker.
-    assert jobs_to_share(session, variant="base", serving={"A"}, share=3) == [*b[:3], *c]
-    # B with 2 running anywhere has room for 1 more; its next-oldest queued job.
+    # The worker serves A: B's and C's oldest, one each per round; D waits for a legal worker.
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=3, limit=8) == [b[0], c[0], b[1], b[2]]
+    # B with 2 running anywhere has room for 1 more: its next-oldest queued job, now younger than C's.
     claim_jobs(session, job_ids=b[:2], worker="elsewhere", lease_s=60, max_attempts=3)
-    assert jobs_to_share(session, variant="base", serving={"A"}, share=3) == [b[2], *c]
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=3, limit=8) == [c[0], b[2]]
     # At its share it gets nothing more; a served tenant is never taken from the queue.
     claim_jobs(session, job_ids=[b[2]], worker="elsewhere", lease_s=60, max_attempts=3)
-    assert jobs_to_share(session, variant="base", serving={"A", "C"}, share=3) == []
-    assert jobs_to_share(session, variant="base", serving={"A"}, share=0) == []
+    assert jobs_to_share(session, variant="base", serving={"A", "C"}, share=3, limit=8) == []
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=0, limit=8) == []
+
+
+def test_the_longest_waiting_tenant_goes_first_within_the_limit(db: tuple[Session, Settings, LocalStorage]) -> None:
+    session = db[0]
+    late = add(db, "aaa-late", 3)
+    early = add(db, "zzz-early", 3)
+    for i, job_id in enumerate(early):
+        at = utcnow() - timedelta(hours=1) + timedelta(seconds=i)
+        session.execute(update(Job).where(Job.id == job_id).values(created_at=at))
+    session.commit()
+    # However many wait, a worker gives them only `limit` rows: its own micro-batch keeps the rest.
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=8, limit=3) == [early[0], late[0], early[1]]
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=8, limit=0) == []
 
 
 def test_a_job_that_was_started_before_is_left_to_its_message(db: tuple[Session, Settings, LocalStorage]) -> None:
@@ -71,4 +84,4 @@ def test_a_job_that_was_started_before_is_left_to_its_message(db: tuple[Session,
     # A job that killed a worker runs alone, from its own message, never in someone's row set.
     session.execute(update(Job).where(Job.id == b[0]).values(attempts=1))
     session.commit()
-    assert jobs_to_share(session, variant="base", serving={"A"}, share=8) == [b[1]]
+    assert jobs_to_share(session, variant="base", serving={"A"}, share=8, limit=8) == [b[1]]

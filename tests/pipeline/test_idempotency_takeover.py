@@ -26,7 +26,7 @@ import redis
 from sqlalchemy import create_engine, func, select, text, update
 
 from tests.pipeline.conftest import ROOT, ApiServer, free_port, make_settings, new_key, wait_for
-from yue2_jobs.api.idempotency import KeyTakenOver, _Fence, fingerprint
+from yue2_jobs.api.idempotency import Fence, KeyTakenOver, fingerprint
 from yue2_jobs.db.models import Batch, Job
 from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import session_factory, utcnow
@@ -127,7 +127,7 @@ def test_a_request_taken_for_dead_cannot_commit_after_the_takeover(own: tuple[An
     dead_key(settings, tenant, "k", owner=1)
     storage = LocalStorage(tmp_path)
     with sessions() as route:  # the resource is named in the commit that creates it
-        with _Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
+        with Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
             job = service.create_job(route, tenant=tenant, body=BODY, settings=settings, storage=storage)
     with sessions() as session:
         assert session.execute(select(IdempotencyKey.resource).where(
@@ -137,7 +137,7 @@ def test_a_request_taken_for_dead_cannot_commit_after_the_takeover(own: tuple[An
                         .values(claim="new-owner", resource=None))
         session.commit()
     with sessions() as route, pytest.raises(KeyTakenOver):
-        with _Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
+        with Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
             service.create_job(route, tenant=tenant, body={"input": "a second one"}, settings=settings,
                                storage=storage)
     assert [j.id for j in jobs_of(settings, tenant)] == [job.id]  # the late commit was refused

@@ -7,6 +7,7 @@ shipped pool (10 + 20) and thread pool. The stuck tenant's retries beyond its in
 
 from __future__ import annotations
 
+import secrets
 import statistics
 import threading
 import time
@@ -15,13 +16,16 @@ from datetime import timedelta
 
 import httpx
 import redis
+from sqlalchemy import create_engine, func, select, text
 
 from tests.pipeline.conftest import ApiServer, make_settings, new_key, wait_for
 from yue2_jobs.api.idempotency import fingerprint
+from yue2_jobs.db.models import Job
 from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import session_factory, utcnow
 
 RETRIES = 100
+WAITERS = 100
 BODY = {"input": "a text whose first request died with its API"}
 
 
@@ -85,5 +89,75 @@ def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str]) -
         assert sorted(set(statuses)) == [201, 429] and statuses.count(201) == RETRIES - statuses.count(429)
         assert all(c < 500 for c in statuses)
     finally:
+        server.stop()
+        redis.Redis.from_url(settings.broker_url).flushdb()
+
+
+def test_waiting_twins_hold_no_thread(pipeline_env: dict[str, str]) -> None:
+    """With no in-flight limit in the way (200), 100 retries wait on a key whose owner lives: they
+    sleep on the event loop, so the 40 pool threads every sync route needs stay free and another
+    tenant's p99 stays under 0.5 s (were each waiter a thread, the pool would be theirs for 120 s).
+    Then the owner dies: one waiter takes the key over and creates the job, the others get it."""
+    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7",
+                             tenant_max_in_flight=200)
+    server = ApiServer(settings)
+    waiting_tenant, other_tenant = f"wait-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
+    keyed = {"Authorization": f"Bearer {new_key(settings, waiting_tenant)}", "Idempotency-Key": "owner-alive"}
+    other = {"Authorization": f"Bearer {new_key(settings, other_tenant)}"}
+    sessions = session_factory(settings.resolved_database_url)
+    number = secrets.randbits(62) + 1
+    owner = create_engine(settings.resolved_database_url).connect()
+    owner.execute(text("SELECT pg_advisory_lock(:k)"), {"k": number})  # the first request's process, alive
+    owner.commit()
+    with sessions() as session:
+        now = utcnow()
+        session.add(IdempotencyKey(tenant=waiting_tenant, key=keyed["Idempotency-Key"],
+                                   fingerprint=fingerprint("POST", "/v1/jobs", BODY), state="running",
+                                   created_at=now, locked_until=now + timedelta(minutes=10),
+                                   expires_at=now + timedelta(hours=24), owner=number, claim="first"))
+        session.commit()
+    answers: list[httpx.Response] = []
+
+    def retry() -> None:
+        with httpx.Client(base_url=server.url, timeout=180) as http:
+            answers.append(http.post("/v1/jobs", json=BODY, headers=keyed))
+
+    try:
+        threads = [threading.Thread(target=retry) for _ in range(WAITERS)]
+        for t in threads:
+            t.start()
+        in_flight = server.app.state.yue2.in_flight.counts
+        wait_for(lambda: in_flight.get(waiting_tenant, 0) == WAITERS, timeout=30, what="every retry to be waiting",
+                 interval=0.05)
+        latencies, codes = [], []
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                for method, path in (("GET", "/v1/batches"), ("POST", "/v1/jobs"), ("GET", "/healthz")):
+                    t0 = time.perf_counter()
+                    r = http.request(method, path, headers=other,
+                                     json={"input": "another text"} if method == "POST" else None)
+                    latencies.append(time.perf_counter() - t0)
+                    codes.append(r.status_code)
+        p99 = statistics.quantiles(latencies, n=100)[98]
+        assert answers == [], "a retry was answered while its owner lived"
+        owner.close()  # the owner's process dies: its connection closes and its lock is free
+        owner.engine.dispose()
+        t_dead = time.monotonic()
+        for t in threads:
+            t.join(30)
+        took = time.monotonic() - t_dead
+        print(f"{WAITERS} retries waiting on a live owner's key, no in-flight limit: the other tenant's "
+              f"{len(latencies)} requests p99 {p99 * 1000:.1f} ms (target <= 500 ms); after the owner died, "
+              f"all {len(answers)} answered within {took:.2f} s")
+        assert all(c < 300 for c in codes) and p99 <= 0.5, (p99, sorted(set(codes)))
+        assert len(answers) == WAITERS and {a.status_code for a in answers} == {201}
+        assert len({a.json()["id"] for a in answers}) == 1 and took < 5
+        with sessions() as session:
+            assert session.execute(select(func.count()).select_from(Job).where(
+                Job.tenant == waiting_tenant)).scalar() == 1
+    finally:
+        owner.close()
+        owner.engine.dispose()
         server.stop()
         redis.Redis.from_url(settings.broker_url).flushdb()

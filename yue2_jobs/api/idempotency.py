@@ -17,7 +17,7 @@ after TCP keepalive, about 11 s). The retry then takes the key over, and what it
 depends on what the dead request committed:
 
 - The key row names the resource the request created (`resource`, "batch:<id>"), written *in the
-  transaction that creates it* (`_Fence`): so either the resource and its name are committed
+  transaction that creates it* (`Fence`): so either the resource and its name are committed
   together, or neither is. A named resource is answered as it stands now (and its unpublished
   jobs are published); no name means nothing was committed, and the retry runs the request.
 - Each run carries a claim token, and the resource's transaction names it only `WHERE claim =
@@ -125,7 +125,7 @@ class KeyTakenOver(Exception):
     transaction is refused, and the request answers what the new owner does."""
 
 
-class _Fence:
+class Fence:
     """Names the created resource on the key row in the transaction that creates it, `WHERE claim`
     is still this request's: see the module's docstring. Listens on the route's session while the
     request's action runs; a POST creates its rows by ORM objects or ORM bulk INSERTs, both seen."""
@@ -254,7 +254,7 @@ def _run_as_owner(sessions: sessionmaker[Session], session: Session, *, tenant: 
                   status: int, action: Callable[[], dict[str, Any]]) -> JSONResponse | None:
     """`action()` fenced by `claim`; None when the key was taken over meanwhile."""
     try:
-        with _Fence(tenant=tenant, key=key, claim=claim).watching(session):
+        with Fence(tenant=tenant, key=key, claim=claim).watching(session):
             body = action()
     except KeyTakenOver:
         session.rollback()

@@ -91,9 +91,9 @@ class Settings(BaseSettings):
         600.0, gt=0, description="How often the reconciling worker sweeps storage for abandoned writes."
     )
     fair_share_rows: int = Field(
-        8, ge=0, description="A busy worker starts queued jobs of a tenant it is not serving, ahead of its own "
-        "micro-batch, while that tenant has fewer than this many of the variant's jobs running (0: off; "
-        "`jobs.fair_share`)."
+        8, ge=0, description="A busy worker gives up to this many of its rows to queued jobs of tenants it is not "
+        "serving (those waiting longest first), ahead of its own micro-batch, while each such tenant has fewer than "
+        "this many of the variant's jobs running anywhere (0: off; `jobs.fair_share`)."
     )
     fair_share_poll_s: float = Field(
         0.5, gt=0, description="How often a busy worker looks for such tenants in Postgres."

@@ -9,21 +9,23 @@ broker's order:
    tenants (`interleave`), not in message order.
 2. **Across the queue**, a worker busy with a micro-batch looks in Postgres every
    `fair_share_poll_s` for tenants it is not serving that have jobs of its variant `queued` and
-   fewer than `fair_share_rows` running anywhere (`jobs_to_share`). It claims their oldest
-   queued jobs (up to that share each) and starts them before the rest of its micro-batch. Their
-   messages are still in the broker; whoever receives them later finds the jobs claimed or done
-   and skips them (a job runs only for the worker that claims it, `state.claim_jobs`).
+   fewer than `fair_share_rows` running anywhere (`jobs_to_share`). It claims their oldest queued
+   jobs (the tenants waiting longest first, one job each per round) and starts them before the rest
+   of its micro-batch, while it holds fewer than `fair_share_rows` such jobs: so other tenants
+   get up to that many of its rows, and its own micro-batch keeps the rest (however many tenants
+   wait, a micro-batch ends). The stolen jobs' messages are still in the broker; whoever receives
+   them later finds the jobs claimed or done and skips them (a job runs only for the worker that
+   claims it, `state.claim_jobs`).
 
-So a tenant that has nothing running gets up to `fair_share_rows` rows of a busy worker within a
-poll and a row's decode, whatever waits in the broker ahead of it; two tenants with big batches
-share a worker about evenly (the one whose messages it was handed, and the other up to its
-share); a big batch alone still runs in full micro-batches.
+So a tenant with nothing running gets a row of a busy worker within a poll and the rows ahead of
+it, whatever waits in the broker ahead of it; a big batch alone still runs in full micro-batches.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -55,7 +57,8 @@ WITH RECURSIVE t(tenant) AS (
 )
 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT :most
 """)
-MOST_TENANTS = 1000  # looked at per poll; beyond that many waiting tenants, the rest wait for the broker
+MOST_TENANTS = 1000  # read per poll; beyond that many waiting tenants, the rest wait for the broker
+MOST_SHARED = 100  # of those, looked into (a query each) per poll
 
 
 def queued_tenants(session: Session, *, variant: str) -> list[str]:
@@ -66,25 +69,31 @@ def queued_tenants(session: Session, *, variant: str) -> list[str]:
         Job.status == JobStatus.QUEUED, Job.variant == variant).order_by(Job.tenant).limit(MOST_TENANTS)).scalars())
 
 
-def jobs_to_share(session: Session, *, variant: str, serving: set[str], share: int) -> list[str]:
-    """Ids of queued jobs of `variant` a busy worker should start next: for each tenant not in
-    `serving` with fewer than `share` jobs of the variant running, its oldest queued ones, up to
+def jobs_to_share(session: Session, *, variant: str, serving: set[str], share: int, limit: int) -> list[str]:
+    """Ids of up to `limit` queued jobs of `variant` a busy worker should start next, for tenants
+    not in `serving` with fewer than `share` of the variant's jobs running anywhere: the tenants
+    whose oldest queued job is oldest first, one job each per round, each its oldest jobs, up to
     `share` running in all. Ends its transaction (the caller claims the ids, which may race)."""
     try:
-        tenants = [t for t in queued_tenants(session, variant=variant) if t not in serving]
-        if not tenants:
+        tenants = [t for t in queued_tenants(session, variant=variant) if t not in serving][:MOST_SHARED]
+        if not tenants or limit <= 0:
             return []
         running = {t: n for t, n in session.execute(
             select(Job.tenant, func.count()).where(Job.status == JobStatus.RUNNING, Job.variant == variant,
                                                   Job.tenant.in_(tenants)).group_by(Job.tenant))}
-        ids: list[str] = []
+        waiting: list[tuple[Any, str, list[str]]] = []
         for tenant in tenants:
-            room = share - running.get(tenant, 0)
-            if room > 0:
-                ids.extend(session.execute(
-                    select(Job.id).where(Job.status == JobStatus.QUEUED, Job.variant == variant, Job.tenant == tenant,
-                                         Job.attempts == 0)  # a job that killed a worker runs alone, from its message
-                    .order_by(Job.created_at, Job.id).limit(room)).scalars())
-        return ids
+            room = min(share - running.get(tenant, 0), limit)
+            if room <= 0:
+                continue
+            rows = session.execute(
+                select(Job.id, Job.created_at).where(Job.status == JobStatus.QUEUED, Job.variant == variant,
+                                                     Job.tenant == tenant,
+                                                     Job.attempts == 0)  # a job that killed a worker runs alone
+                .order_by(Job.created_at, Job.id).limit(room)).all()
+            if rows:
+                waiting.append((rows[0][1], tenant, [r[0] for r in rows]))
+        waiting.sort(key=lambda w: (w[0], w[1]))  # the longest wait first
+        return interleave((job_id, tenant) for _, tenant, ids in waiting for job_id in ids)[:limit]
     finally:
         session.commit()
