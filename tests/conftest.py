@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-SLOW_DIRS = ("pipeline", "benchmarks", "demo", "distributed")  # every test there talks to a server or starts processes
+# Every test there talks to a server or starts processes.
+SLOW_DIRS = ("pipeline", "benchmarks", "demo", "distributed", "conformance")
 
 
 SERVER_DIRS = ("pipeline",)  # every test there uses the shared Postgres and Redis

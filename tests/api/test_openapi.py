@@ -1,6 +1,6 @@
 """The OpenAPI document describes what the API sends: the OpenAI error shape for every 4xx and 503
 of every /v1 route, and a typed body for POST /v1/jobs (its live conformance is checked by
-tests/pipeline/test_openapi_conformance.py)."""
+tests/conformance/test_openapi_conformance.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ tenant and kept 24 h; a failed first request (an error of any kind) leaves no ke
 retry runs afresh.
 
 **A waiting retry holds no thread and no connection**: it sleeps on the event loop and looks at
-the key in a short transaction on a pool thread, every 50 ms at first, backing off to 0.5 s.
+the key in a short transaction on a pool thread, every 50 ms at first, backing off to 1 s.
 
 **A key whose owner died is taken over in about a second, safely.** Each API process holds a
 Postgres advisory lock of its own for its whole life (`Owner`) and stamps its number on the keys
@@ -61,7 +61,7 @@ from yue2_jobs.errors import ConflictError, InvalidRequestError
 KEEP = timedelta(hours=24)
 LOCK = timedelta(minutes=10)  # a `running` key that no live owner vouches for is taken over after this
 WAIT_S = 120.0  # how long a retry waits for the first request before a 409 tells it to come back
-POLL_S, POLL_MAX_S = 0.05, 0.5  # a waiting retry's looks at the key: every 50 ms, backing off to 0.5 s
+POLL_S, POLL_MAX_S = 0.05, 1.0  # a waiting retry's looks at the key: every 50 ms, backing off to 1 s
 OWNER_CHECK_S = 1.0  # and at the owner's lock: at its first look, then once a second
 MAX_KEY_CHARS = 255
 IdempotencyKeyHeader = Annotated[str | None, Header(alias="Idempotency-Key")]
@@ -160,13 +160,18 @@ class Fence:
             IdempotencyKey.tenant == self.tenant, IdempotencyKey.key == self.key, IdempotencyKey.claim == self.claim,
             IdempotencyKey.state == "running").values(resource=f"{kind}:{self.found[kind]}"))
         if getattr(named, "rowcount", 0) != 1:
+            self.found.clear()  # this transaction is refused; a clean-up commit after it is not
             raise KeyTakenOver(self.key)
         self.named = True
+
+    def after_rollback(self, session: Session) -> None:
+        if not self.named:
+            self.found.clear()  # rolled back: those rows were never created
 
     @contextmanager
     def watching(self, session: Session) -> Iterator[None]:
         hooks = (("after_flush", self.after_flush), ("do_orm_execute", self.do_orm_execute),
-                 ("before_commit", self.before_commit))
+                 ("before_commit", self.before_commit), ("after_rollback", self.after_rollback))
         for name, fn in hooks:
             event.listen(session, name, fn)
         try:

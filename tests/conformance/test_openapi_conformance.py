@@ -28,6 +28,7 @@ from yue2_jobs.db.session import session_factory
 from yue2_jobs.webhooks import targets
 
 EXAMPLES = 50
+REDIS_DB = 14  # no other test uses it
 
 
 def _loopback_resolver() -> types.SimpleNamespace:
@@ -44,9 +45,9 @@ def _loopback_resolver() -> types.SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def conformance_api(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, ApiServer, str]]:
-    """The API on its own Redis database (db 7, flushed after), so no worker runs what it creates,
-    with the stand-in resolver; its tenant's webhook endpoints are deleted after."""
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7",
+    """The API on its own Redis database (flushed after), so no worker runs what it creates, with
+    the stand-in resolver; its tenant's webhook endpoints are deleted after."""
+    settings = make_settings(pipeline_env, broker_url=f"{pipeline_env['YUE2_BROKER_URL'].rsplit('/', 1)[0]}/{REDIS_DB}",
                              webhook_allow_private=True)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     patch = pytest.MonkeyPatch()
