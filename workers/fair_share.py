@@ -42,7 +42,7 @@ class FairShare:
             if not transient(exc):
                 raise
             self.session.rollback()
-            log.warning("fair share: the queue could not be read (%s); next poll", type(exc).__name__)
+            log.warning("fair share: reading the queue: %s; retrying in %.1fs", type(exc).__name__, s.fair_share_poll_s)
             return []
         if ids:
             self.started += len(ids)

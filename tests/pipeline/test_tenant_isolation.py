@@ -29,6 +29,23 @@ WAITERS = 100
 BODY = {"input": "a text whose first request died with its API"}
 
 
+def traffic(server: ApiServer, headers: dict[str, str], *, seconds: float) -> tuple[list[float], list[int]]:
+    """A tenant reading a job, listing, submitting and checking health for `seconds`: latencies and statuses."""
+    latencies, codes = [], []
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        job = http.post("/v1/jobs", json={"input": "the other tenant's text"}, headers=headers).json()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for method, path in (("GET", f"/v1/jobs/{job['id']}"), ("GET", "/v1/batches"),
+                                 ("POST", "/v1/jobs"), ("GET", "/healthz")):
+                t0 = time.perf_counter()
+                r = http.request(method, path, headers=headers,
+                                 json={"input": "another text"} if method == "POST" else None)
+                latencies.append(time.perf_counter() - t0)
+                codes.append(r.status_code)
+    return latencies, codes
+
+
 def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str]) -> None:
     # Its own Redis database (no worker reads it), emptied at the end.
     settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7")
@@ -60,18 +77,7 @@ def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str]) -
             t.start()
         wait_for(lambda: statuses.count(429) >= RETRIES - settings.tenant_max_in_flight, timeout=30,
                  what="the retries over the limit to be refused", interval=0.05)
-        latencies, other_codes = [], []
-        with httpx.Client(base_url=server.url, timeout=30) as http:
-            job = http.post("/v1/jobs", json={"input": "the other tenant's text"}, headers=other).json()
-            deadline = time.monotonic() + 5  # 5 s of the other tenant's traffic while the twins wait
-            while time.monotonic() < deadline:
-                for method, path in (("GET", f"/v1/jobs/{job['id']}"), ("GET", "/v1/batches"),
-                                     ("POST", "/v1/jobs"), ("GET", "/healthz")):
-                    t0 = time.perf_counter()
-                    r = http.request(method, path, headers=other,
-                                     json={"input": "another text"} if method == "POST" else None)
-                    latencies.append(time.perf_counter() - t0)
-                    other_codes.append(r.status_code)
+        latencies, other_codes = traffic(server, other, seconds=5)  # the other tenant, while the twins wait
         p99 = statistics.quantiles(latencies, n=100)[98]
         waiting = RETRIES - len(statuses)
         print(f"{RETRIES} retries of a stuck key: {statuses.count(429)} answered 429 at once, {waiting} waiting; "
@@ -129,16 +135,7 @@ def test_waiting_twins_hold_no_thread(pipeline_env: dict[str, str]) -> None:
         in_flight = server.app.state.yue2.in_flight.counts
         wait_for(lambda: in_flight.get(waiting_tenant, 0) == WAITERS, timeout=30, what="every retry to be waiting",
                  interval=0.05)
-        latencies, codes = [], []
-        with httpx.Client(base_url=server.url, timeout=30) as http:
-            deadline = time.monotonic() + 3
-            while time.monotonic() < deadline:
-                for method, path in (("GET", "/v1/batches"), ("POST", "/v1/jobs"), ("GET", "/healthz")):
-                    t0 = time.perf_counter()
-                    r = http.request(method, path, headers=other,
-                                     json={"input": "another text"} if method == "POST" else None)
-                    latencies.append(time.perf_counter() - t0)
-                    codes.append(r.status_code)
+        latencies, codes = traffic(server, other, seconds=3)
         p99 = statistics.quantiles(latencies, n=100)[98]
         assert answers == [], "a retry was answered while its owner lived"
         owner.close()  # the owner's process dies: its connection closes and its lock is free
