@@ -84,7 +84,8 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
                 fin.flush(batch, runner)
             adopt_pending(ctx)
             runner, engine = _engine_of(ctx)
-        if share is not None and ctx.pending_runner is None and (others := share.due()):
+        # Only while its own jobs are still to start: then the engine drains and the micro-batch ends.
+        if share is not None and todo and ctx.pending_runner is None and (others := share.due()):
             decode_s += _admit_group(ctx, batch, others, runner, engine, fin, first=True)
         while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
             decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin)

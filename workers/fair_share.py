@@ -17,10 +17,12 @@ log = logging.getLogger(__name__)
 class FairShare:
     """One micro-batch's looks at the queue: the first after `fair_share_poll_s` (a micro-batch
     shorter than that never looks), then one per poll, while it holds fewer than
-    `fair_share_rows` other tenants' jobs. `serving`: the tenants it was handed."""
+    `fair_share_rows` other tenants' jobs. `serving`: the tenants it was handed; `budget`: how many
+    jobs it was handed, the most it takes on for others (so a micro-batch at most doubles, and ends).
+    The caller asks only while its own jobs are still to start."""
 
-    def __init__(self, ctx: WorkerContext, session: Session, *, serving: set[str]) -> None:
-        self.ctx, self.session, self.serving = ctx, session, serving
+    def __init__(self, ctx: WorkerContext, session: Session, *, serving: set[str], budget: int) -> None:
+        self.ctx, self.session, self.serving, self.budget = ctx, session, serving, budget
         self.next_at = time.monotonic() + ctx.settings.fair_share_poll_s
         self.started = 0
         self.taken: set[str] = set()  # the other tenants' jobs this micro-batch claimed
@@ -33,11 +35,12 @@ class FairShare:
         self.next_at = time.monotonic() + s.fair_share_poll_s
         with self.ctx.lock:  # still claimed: not recorded yet
             holding = len(self.taken & self.ctx.claims.keys())
-        if holding >= s.fair_share_rows:
+        room = min(s.fair_share_rows - holding, self.budget - self.started)
+        if room <= 0:
             return []
         try:
             ids = jobs_to_share(self.session, variant=self.ctx.runner.variant, serving=self.serving,
-                                share=s.fair_share_rows, limit=s.fair_share_rows - holding)
+                                share=s.fair_share_rows, limit=room)
         except Exception as exc:  # an outage: the micro-batch goes on with its own jobs
             if not transient(exc):
                 raise

@@ -54,7 +54,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
         # Tenants take turns within the micro-batch (`jobs.fair_share`), each in message order.
         fresh = interleave((j, known[j][1]) for j in job_ids if j in known and known[j][0] == 0)
         suspects = [j for j in job_ids if j in known and known[j][0] > 0]
-        share = FairShare(ctx, session, serving={t for _, t in known.values()})
+        share = FairShare(ctx, session, serving={t for _, t in known.values()}, budget=len(known))
         # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
         # they come; suspects are claimed one at a time, right before they run alone.
         size = s.batch_max_jobs
@@ -64,7 +64,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             groups = []
         todo = deque([*groups, *([j] for j in suspects)])
         while todo:
-            if others := share.due():  # other tenants' waiting jobs go first
+            if others := share.due():  # other tenants' waiting jobs go first, while own ones remain
                 todo.extendleft(reversed([others[i:i + size] for i in range(0, len(others), size)]))
             group = todo.popleft()
             if len(group) == 1 and group[0] in suspects:

@@ -19,7 +19,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_index('ix_jobs_fair_share', 'jobs', ['status', 'variant', 'tenant', 'created_at'], unique=False)
+    columns = ['status', 'variant', 'tenant', 'created_at']
+    if op.get_bind().dialect.name == 'postgresql':
+        # Built beside the writes, not blocking them: a deployment's jobs table can be large.
+        with op.get_context().autocommit_block():
+            op.create_index('ix_jobs_fair_share', 'jobs', columns, unique=False, postgresql_concurrently=True)
+    else:
+        op.create_index('ix_jobs_fair_share', 'jobs', columns, unique=False)
     with op.batch_alter_table('idempotency_keys', schema=None) as batch_op:
         batch_op.add_column(sa.Column('owner', sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column('claim', sa.String(length=32), nullable=True))

@@ -101,8 +101,8 @@ def _install_error_handlers(app: FastAPI) -> None:
                                   type_="invalid_request_error" if exc.status_code < 500 else "server_error",
                                   param="body" if body_error else None)
         response.headers.update(exc.headers or {})
-        if exc.status_code == 405:  # Starlette names only the first route on the path that matched
-            response.headers["Allow"] = ", ".join(_allowed_methods(request))
+        if exc.status_code == 405 and (methods := _allowed_methods(request)):
+            response.headers["Allow"] = ", ".join(methods)  # Starlette names only the first route that matched
         return response
 
     @app.exception_handler(RequestValidationError)

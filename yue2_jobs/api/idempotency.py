@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import secrets
 import socket
@@ -58,6 +59,7 @@ from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import ConflictError, InvalidRequestError
 
+log = logging.getLogger(__name__)
 KEEP = timedelta(hours=24)
 LOCK = timedelta(minutes=10)  # a `running` key that no live owner vouches for is taken over after this
 WAIT_S = 120.0  # how long a retry waits for the first request before a 409 tells it to come back
@@ -65,7 +67,7 @@ POLL_S, POLL_MAX_S = 0.05, 1.0  # a waiting retry's looks at the key: every 50 m
 OWNER_CHECK_S = 1.0  # and at the owner's lock: at its first look, then once a second
 MAX_KEY_CHARS = 255
 IdempotencyKeyHeader = Annotated[str | None, Header(alias="Idempotency-Key")]
-# The tables whose new rows are what a keyed POST creates, by precedence: a batch's jobs are its.
+# The tables whose new rows are what a keyed POST creates (each route names the kind it creates).
 RESOURCES = {"batches": "batch", "files": "file", "jobs": "job"}
 
 
@@ -86,12 +88,13 @@ class Owner:
     """This API process as the owner of the keys it runs: a Postgres advisory lock on a connection
     of its own, taken at the first keyed request and held for the process's life. `number()` is
     the lock's key, or None where it cannot be vouched for (not Postgres; the lock's connection is
-    lost: then its keys fall back to `LOCK`)."""
+    lost: then its keys fall back to `LOCK`). The connection is checked at most once a second."""
 
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self._lock: LeaderLock | None = None
         self._pid = 0
+        self._checked_at = -1.0
         self._mutex = threading.Lock()  # one connection, many request threads
 
     def number(self) -> int | None:
@@ -102,19 +105,17 @@ class Owner:
                                         node=f"{socket.gethostname()}:{self._pid}")
             if self._lock.engine.dialect.name != "postgresql":
                 return None
+            if self._lock.holding and time.monotonic() - self._checked_at < OWNER_CHECK_S:
+                return self._lock.key
+            self._checked_at = time.monotonic()
             return self._lock.key if self._lock.held() else None
 
-    def close(self) -> None:
-        with self._mutex:
-            if self._lock is not None and self._pid == os.getpid():
-                self._lock.release()
 
-
-def _owner_alive(session: Session, row: IdempotencyKey) -> bool:
+def _owner_alive(session: Session, row: IdempotencyKey, *, lock_passed: bool) -> bool:
     """Whether the process running `row` lives: its lock is held (Postgres), else `LOCK` not passed."""
     bind = session.get_bind()
     if row.owner is None or bind.dialect.name != "postgresql":
-        return bool(row.locked_until >= utcnow())
+        return not lock_passed
     # Got it: nobody holds it, so its process is gone (the lock goes with this transaction).
     free = session.execute(text("SELECT pg_try_advisory_xact_lock(:k)"), {"k": row.owner}).scalar()
     return not free
@@ -130,15 +131,15 @@ class Fence:
     is still this request's: see the module's docstring. Listens on the route's session while the
     request's action runs; a POST creates its rows by ORM objects or ORM bulk INSERTs, both seen."""
 
-    def __init__(self, *, tenant: str, key: str, claim: str) -> None:
-        self.tenant, self.key, self.claim = tenant, key, claim
-        self.found: dict[str, str] = {}  # kind -> the first id of it created
+    def __init__(self, *, tenant: str, key: str, claim: str, kind: str) -> None:
+        self.tenant, self.key, self.claim, self.kind = tenant, key, claim, kind
+        self.found: str | None = None  # the id of the first row of `kind` created
         self.named = False
 
     def _saw(self, table: str, row_id: Any) -> None:
-        kind = RESOURCES.get(table)
-        if kind is not None and isinstance(row_id, str):
-            self.found.setdefault(kind, row_id)
+        # Only the route's own kind: `retry_failed` commits a new input file before its batch.
+        if RESOURCES.get(table) == self.kind and isinstance(row_id, str) and self.found is None:
+            self.found = row_id
 
     def after_flush(self, session: Session, flush_context: UOWTransaction) -> None:
         for obj in session.new:
@@ -153,20 +154,19 @@ class Fence:
 
     def before_commit(self, session: Session) -> None:
         session.flush()  # pending objects are flushed after this hook: see them now
-        if self.named or not self.found:
+        if self.named or self.found is None:
             return
-        kind = next(k for k in RESOURCES.values() if k in self.found)
         named = session.execute(update(IdempotencyKey).where(
             IdempotencyKey.tenant == self.tenant, IdempotencyKey.key == self.key, IdempotencyKey.claim == self.claim,
-            IdempotencyKey.state == "running").values(resource=f"{kind}:{self.found[kind]}"))
+            IdempotencyKey.state == "running").values(resource=f"{self.kind}:{self.found}"))
         if getattr(named, "rowcount", 0) != 1:
-            self.found.clear()  # this transaction is refused; a clean-up commit after it is not
+            self.found = None  # this transaction is refused; a clean-up commit after it is not
             raise KeyTakenOver(self.key)
         self.named = True
 
     def after_rollback(self, session: Session) -> None:
         if not self.named:
-            self.found.clear()  # rolled back: those rows were never created
+            self.found = None  # rolled back: that row was never created
 
     @contextmanager
     def watching(self, session: Session) -> Iterator[None]:
@@ -181,10 +181,14 @@ class Fence:
                 event.remove(session, name, fn)
 
 
-def _row(session: Session, *, tenant: str, key: str) -> IdempotencyKey | None:
+def _row(session: Session, *, tenant: str, key: str) -> tuple[IdempotencyKey, bool, bool] | None:
+    """The key's row, whether it is past its 24 h, and whether its `locked_until` has passed (compared
+    in SQL: SQLite hands back naive datetimes)."""
     session.expire_all()
-    return session.execute(select(IdempotencyKey).where(IdempotencyKey.tenant == tenant,
-                                                        IdempotencyKey.key == key)).scalar_one_or_none()
+    now = utcnow()
+    found = session.execute(select(IdempotencyKey, IdempotencyKey.expires_at < now, IdempotencyKey.locked_until < now)
+                            .where(IdempotencyKey.tenant == tenant, IdempotencyKey.key == key)).one_or_none()
+    return None if found is None else (found[0], bool(found[1]), bool(found[2]))
 
 
 def _claim(sessions: sessionmaker[Session], *, tenant: str, key: str, fp: str, owner: int | None,
@@ -216,16 +220,17 @@ def _look(sessions: sessionmaker[Session], *, tenant: str, key: str, fp: str,
     """One look at the key: its stored response, `_Dead` (running, its owner gone), FREE (gone,
     or past its 24 h) or RUNNING."""
     with sessions() as session:
-        row = _row(session, tenant=tenant, key=key)
-        if row is None or row.expires_at < utcnow():
+        found = _row(session, tenant=tenant, key=key)
+        if found is None or found[1]:
             return FREE
+        row, _, lock_passed = found
         if row.fingerprint != fp:
             raise ConflictError(f"Idempotency-Key {key!r} was already used with a different request; "
                                 f"use a new key for a new request")
         if row.state == "done":
             return JSONResponse(row.response_body, status_code=row.response_status or 200,
                                 headers={"Idempotent-Replayed": "true"})
-        dead = check_owner and not _owner_alive(session, row)
+        dead = check_owner and not _owner_alive(session, row, lock_passed=lock_passed)
         session.commit()
         return _Dead(row.claim) if dead else RUNNING
 
@@ -255,45 +260,71 @@ def _store(sessions: sessionmaker[Session], *, tenant: str, key: str, claim: str
         session.commit()
 
 
-def _run_as_owner(sessions: sessionmaker[Session], session: Session, *, tenant: str, key: str, claim: str,
-                  status: int, action: Callable[[], dict[str, Any]]) -> JSONResponse | None:
-    """`action()` fenced by `claim`; None when the key was taken over meanwhile."""
+def _abandon(sessions: sessionmaker[Session], *, tenant: str, key: str, claim: str) -> None:
+    """Best effort, after a failure once the resource exists: the key keeps naming it, and the next
+    retry takes it over at once (no owner, lock passed) and answers it."""
     try:
-        with Fence(tenant=tenant, key=key, claim=claim).watching(session):
+        with sessions() as session:
+            session.execute(update(IdempotencyKey).where(
+                IdempotencyKey.tenant == tenant, IdempotencyKey.key == key, IdempotencyKey.claim == claim)
+                .values(owner=None, locked_until=utcnow()))
+            session.commit()
+    except Exception:  # the database is down: the key waits for LOCK
+        log.warning("Idempotency-Key %r: could not hand its key over after a failure", key, exc_info=True)
+
+
+def _run_as_owner(sessions: sessionmaker[Session], session: Session, *, tenant: str, key: str, claim: str,
+                  kind: str, status: int, action: Callable[[], dict[str, Any]]) -> JSONResponse | None:
+    """`action()` fenced by `claim`; None when the key was taken over meanwhile. A failure after the
+    resource was committed keeps the key (a retry answers that resource); before it, frees it."""
+    fence = Fence(tenant=tenant, key=key, claim=claim, kind=kind)
+    try:
+        with fence.watching(session):
             body = action()
     except KeyTakenOver:
         session.rollback()
         return None
     except BaseException:
+        if fence.named:
+            _abandon(sessions, tenant=tenant, key=key, claim=claim)
+            raise
         with sessions() as other:
             other.execute(delete(IdempotencyKey).where(IdempotencyKey.tenant == tenant, IdempotencyKey.key == key,
                                                        IdempotencyKey.claim == claim))
             other.commit()
         raise
-    _store(sessions, tenant=tenant, key=key, claim=claim, status=status, body=body)
+    try:
+        _store(sessions, tenant=tenant, key=key, claim=claim, status=status, body=body)
+    except BaseException:
+        _abandon(sessions, tenant=tenant, key=key, claim=claim)
+        raise
     return JSONResponse(body, status_code=status)
 
 
 def _resume(sessions: sessionmaker[Session], *, tenant: str, key: str, claim: str, status: int, resource: str,
             resume: Callable[[str], dict[str, Any]]) -> JSONResponse:
-    body = resume(resource.split(":", 1)[1])
-    _store(sessions, tenant=tenant, key=key, claim=claim, status=status, body=body)
+    try:
+        body = resume(resource.split(":", 1)[1])
+        _store(sessions, tenant=tenant, key=key, claim=claim, status=status, body=body)
+    except BaseException:
+        _abandon(sessions, tenant=tenant, key=key, claim=claim)
+        raise
     return JSONResponse(body, status_code=status, headers={"Idempotent-Replayed": "true"})
 
 
 async def run_once(sessions: sessionmaker[Session], session: Session, *, owner: Owner, tenant: str,
-                   key: str | None, fingerprint_of: Callable[[], str], status: int,
+                   key: str | None, fingerprint_of: Callable[[], str], status: int, kind: str,
                    action: Callable[[], dict[str, Any]], resume: Callable[[str], dict[str, Any]]) -> JSONResponse:
     """`action()`'s JSON as the response, run at most once per (tenant, key), on a pool thread with
-    `session` (the route's: the one `action` creates its resource on). `resume(id)`: the response
-    for the resource a dead owner committed, as it stands now. The request's fingerprint is only
-    computed when there is a key."""
+    `session` (the route's: the one `action` creates its `kind` of resource on, a key of
+    `RESOURCES`' values). `resume(id)`: the response for the resource a dead owner committed, as
+    it stands now. The request's fingerprint is only computed when there is a key."""
     if key is None:
         return JSONResponse(await run_in_threadpool(action), status_code=status)
     check_key(key)
     fp = await run_in_threadpool(fingerprint_of)
     me = await run_in_threadpool(owner.number)
-    run = partial(_run_as_owner, sessions, session, tenant=tenant, key=key, status=status, action=action)
+    run = partial(_run_as_owner, sessions, session, tenant=tenant, key=key, kind=kind, status=status, action=action)
     deadline = time.monotonic() + WAIT_S
     pause, owner_check_at, free = POLL_S, 0.0, True
     while True:

@@ -23,6 +23,7 @@ it, whatever waits in the broker ahead of it; a big batch alone still runs in fu
 
 from __future__ import annotations
 
+import random
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -73,10 +74,14 @@ def jobs_to_share(session: Session, *, variant: str, serving: set[str], share: i
     """Ids of up to `limit` queued jobs of `variant` a busy worker should start next, for tenants
     not in `serving` with fewer than `share` of the variant's jobs running anywhere: the tenants
     whose oldest queued job is oldest first, one job each per round, each its oldest jobs, up to
-    `share` running in all. Ends its transaction (the caller claims the ids, which may race)."""
+    `share` running in all (past `MOST_SHARED` waiting tenants, a random sample of them each poll).
+    Ends its transaction (the caller claims the ids, which may race)."""
     try:
-        tenants = [t for t in queued_tenants(session, variant=variant) if t not in serving][:MOST_SHARED]
+        tenants = [t for t in queued_tenants(session, variant=variant) if t not in serving]
+        if len(tenants) > MOST_SHARED:  # a different sample each poll, so no tenant is always left out
+            tenants = random.sample(tenants, MOST_SHARED)
         if not tenants or limit <= 0:
+            session.commit()
             return []
         running = {t: n for t, n in session.execute(
             select(Job.tenant, func.count()).where(Job.status == JobStatus.RUNNING, Job.variant == variant,
@@ -94,6 +99,8 @@ def jobs_to_share(session: Session, *, variant: str, serving: set[str], share: i
             if rows:
                 waiting.append((rows[0][1], tenant, [r[0] for r in rows]))
         waiting.sort(key=lambda w: (w[0], w[1]))  # the longest wait first
-        return interleave((job_id, tenant) for _, tenant, ids in waiting for job_id in ids)[:limit]
-    finally:
         session.commit()
+    except BaseException:
+        session.rollback()  # a lost connection: the caller sees the outage, not a pending rollback
+        raise
+    return interleave((job_id, tenant) for _, tenant, ids in waiting for job_id in ids)[:limit]

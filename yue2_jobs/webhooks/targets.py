@@ -26,17 +26,17 @@ def _bad(message: str) -> InvalidRequestError:
     return InvalidRequestError(f"url: {message}", field="url", status=400, code="invalid_webhook_url")
 
 
-# What a webhook URL may be, stated once: the API's document carries it, `check_url_shape` applies
-# it after its more specific checks. http(s); a host of ASCII letters, digits and -._~!$&'()*+,;=%
-# (an internationalised name in its xn-- form; no IPv6 literal); a port up to 65535 without
-# leading zeros; no spaces or control characters anywhere.
+# What a webhook URL may be registered as, stated once: the API's document carries it, `check_url`
+# applies it after the more specific checks of `check_url_shape`. http(s); a host of ASCII
+# letters, digits and -._~!$&'()*+,;=% (an internationalised name in its xn-- form; no IPv6
+# literal); a port up to 65535 without leading zeros; no spaces or control characters anywhere.
 _PORT = "6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3}|0"
 URL_PATTERN = rf"^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9._~!$&'()*+,;=%-]+(:({_PORT})?)?([/?#][^\x00-\x20\x7f]*)?$"
 _URL_RE = re.compile(URL_PATTERN)
 
 
 def check_url_shape(url: str) -> tuple[str, int]:
-    """(host, port) of a well-formed http(s) URL without credentials (`URL_PATTERN`)."""
+    """(host, port) of a well-formed http(s) URL without credentials."""
     if len(url) > MAX_URL_CHARS:
         raise _bad(f"{len(url):,} characters, over the limit of {MAX_URL_CHARS:,}")
     # urlsplit quietly drops tabs and line breaks (WHATWG), so the URL it checks is not the one that
@@ -56,10 +56,6 @@ def check_url_shape(url: str) -> tuple[str, int]:
         raise _bad("no host")
     if parts.username is not None or parts.password is not None:
         raise _bad("credentials in the URL are not allowed; authenticate the webhook by its signature")
-    if _URL_RE.fullmatch(url) is None:
-        raise _bad("the host must be ASCII letters, digits and -._~!$&'()*+,;=% (an internationalised name in "
-                   "its xn-- form; IPv6 literals are not supported) and the port a number up to 65535 without "
-                   "leading zeros")
     return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
@@ -94,7 +90,14 @@ def internal(address: str) -> bool:
 
 
 def check_url(url: str, *, allow_private: bool) -> str:
-    """`url` when a webhook may be sent to it; otherwise a 400 naming `url` and the reason."""
+    """`url` when a webhook may be registered for it; otherwise a 400 naming `url` and the reason.
+    `URL_PATTERN` applies here, at registration, not at each delivery: an endpoint registered
+    before it (an internationalised host, an IPv6 literal) is still sent to."""
+    check_url_shape(url)
+    if _URL_RE.fullmatch(url) is None:
+        raise _bad("the host must be ASCII letters, digits and -._~!$&'()*+,;=% (an internationalised name in "
+                   "its xn-- form; IPv6 literals are not supported) and the port a number up to 65535 without "
+                   "leading zeros")
     approved_addresses(url, allow_private=allow_private)
     return url
 

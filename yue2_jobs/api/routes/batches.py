@@ -46,7 +46,7 @@ async def create_batch(req: BatchCreate, state: StateDep, session: SessionDep, t
         enqueue_later(background, state, submitted.to_enqueue)
         return batch_view(submitted)
 
-    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+    return await run_once(state.sessions, session, owner=state.owner, kind="batch", tenant=tenant, key=idempotency_key,
                           status=200, action=create, resume=_resumer(state, session, tenant, background),
                           fingerprint_of=lambda: fingerprint("POST", "/v1/batches", req.model_dump()))
 
@@ -95,6 +95,6 @@ async def retry_failed(batch_id: str, state: StateDep, session: SessionDep, tena
         enqueue_later(background, state, retried.to_enqueue)
         return batch_view(retried)
 
-    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+    return await run_once(state.sessions, session, owner=state.owner, kind="batch", tenant=tenant, key=idempotency_key,
                           status=200, action=retry, resume=_resumer(state, session, tenant, background),
                           fingerprint_of=lambda: fingerprint("POST", f"/v1/batches/{batch_id}/retry_failed", b""))

@@ -34,6 +34,7 @@ async def upload_file(request: Request, state: StateDep, session: SessionDep, te
     filename = file.filename or "upload.jsonl"
 
     def create() -> dict[str, Any]:
+        file.file.seek(0)  # a run after a takeover reads it again
         return file_view(files.create_file(session, tenant=tenant, filename=filename, purpose=purpose,
                                            data=file.file, measured=measured, storage=state.storage))
 
@@ -43,7 +44,7 @@ async def upload_file(request: Request, state: StateDep, session: SessionDep, te
     def fingerprint_of() -> str:
         return fingerprint("POST", "/v1/files", f"{purpose}\n{filename}\n{measured.sha256}".encode())
 
-    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key,
+    return await run_once(state.sessions, session, owner=state.owner, kind="file", tenant=tenant, key=idempotency_key,
                           status=200, action=create, resume=resume, fingerprint_of=fingerprint_of)
 
 

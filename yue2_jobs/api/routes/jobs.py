@@ -36,8 +36,9 @@ async def create_job(state: StateDep, session: SessionDep, tenant: TenantDep, ba
         return job_view(service.get_job(session, tenant=tenant, job_id=job_id), storage=state.storage,
                         presign_expiry_s=state.settings.presign_expiry_s)
 
-    return await run_once(state.sessions, session, owner=state.owner, tenant=tenant, key=idempotency_key, status=201,
-                          action=create, resume=resume, fingerprint_of=lambda: fingerprint("POST", "/v1/jobs", body))
+    return await run_once(state.sessions, session, owner=state.owner, kind="job", tenant=tenant, key=idempotency_key,
+                          status=201, action=create, resume=resume,
+                          fingerprint_of=lambda: fingerprint("POST", "/v1/jobs", body))
 
 
 @router.get("/{job_id}", response_class=Response)
