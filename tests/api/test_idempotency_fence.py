@@ -5,6 +5,7 @@ takeover over HTTP are tested in tests/pipeline/test_idempotency_takeover.py."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from yue2_jobs.api.idempotency import Fence, _Dead, _look, _run_as_owner, _take_over
+from yue2_jobs.api.idempotency import Fence, Owner, run_once
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models_api import IdempotencyKey
 from yue2_jobs.db.session import utcnow
@@ -48,31 +49,38 @@ def test_the_fence_names_only_the_routes_kind(sessions: sessionmaker[Session], t
     assert key_row(sessions, "t1").resource == f"job:{job.id}"
 
 
-def test_a_failure_after_the_commit_keeps_the_key_for_a_takeover(sessions: sessionmaker[Session],
-                                                                  tmp_path: Path) -> None:
-    running_key(sessions, "t2")
+def keyed(sessions: sessionmaker[Session], route: Session, tenant: str, action: Any, resume: Any) -> Any:
+    url = str(route.get_bind().url)
+    return asyncio.run(run_once(sessions, route, owner=Owner(url), kind="job", tenant=tenant, key="k",
+                                fingerprint_of=lambda: "fp", status=201, action=action, resume=resume))
+
+
+def test_a_failure_after_the_commit_keeps_the_key_for_its_retry(sessions: sessionmaker[Session],
+                                                                 tmp_path: Path) -> None:
     storage, settings = LocalStorage(tmp_path), Settings(home=tmp_path)
     made: list[str] = []
 
-    def action() -> dict[str, Any]:
+    def fails_after_commit() -> dict[str, Any]:
         made.append(service.create_job(route, tenant="t2", body=BODY, settings=settings, storage=storage).id)
-        raise RuntimeError("the response could not be built")  # after the job's commit
+        raise RuntimeError("the response could not be built")
+
+    def never() -> dict[str, Any]:
+        raise AssertionError("the retry ran the request again")
 
     with sessions() as route, pytest.raises(RuntimeError):
-        _run_as_owner(sessions, route, tenant="t2", key="k", claim="mine", kind="job", status=201, action=action)
+        keyed(sessions, route, "t2", fails_after_commit, lambda job_id: {"id": job_id})
     row = key_row(sessions, "t2")
     assert row is not None and row.resource == f"job:{made[0]}" and row.owner is None
-    seen = _look(sessions, tenant="t2", key="k", fp="fp", check_owner=True)
-    assert isinstance(seen, _Dead)  # the next retry takes it over at once ...
-    assert _take_over(sessions, tenant="t2", key="k", dead=seen, owner=None, claim="retry") == (True, f"job:{made[0]}")
+    with sessions() as route:  # the retry takes the key over at once and answers the committed job
+        answer = keyed(sessions, route, "t2", never, lambda job_id: {"id": job_id})
+    assert answer.status_code == 201 and answer.headers["idempotent-replayed"] == "true"
+    assert answer.body == b'{"id":"' + made[0].encode() + b'"}'
 
 
 def test_a_failure_before_the_commit_frees_the_key(sessions: sessionmaker[Session]) -> None:
-    running_key(sessions, "t3")
-
-    def action() -> dict[str, Any]:
+    def refused() -> dict[str, Any]:
         raise ValueError("refused before anything was created")
 
     with sessions() as route, pytest.raises(ValueError):
-        _run_as_owner(sessions, route, tenant="t3", key="k", claim="mine", kind="job", status=201, action=action)
+        keyed(sessions, route, "t3", refused, lambda job_id: {})
     assert key_row(sessions, "t3") is None  # its retry runs afresh
