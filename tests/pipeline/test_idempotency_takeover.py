@@ -127,7 +127,7 @@ def test_a_request_taken_for_dead_cannot_commit_after_the_takeover(own: tuple[An
     dead_key(settings, tenant, "k", owner=1)
     storage = LocalStorage(tmp_path)
     with sessions() as route:  # the resource is named in the commit that creates it
-        with Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
+        with Fence(tenant=tenant, key="k", claim="dead-request", kind="job").watching(route):
             job = service.create_job(route, tenant=tenant, body=BODY, settings=settings, storage=storage)
     with sessions() as session:
         assert session.execute(select(IdempotencyKey.resource).where(
@@ -136,7 +136,7 @@ def test_a_request_taken_for_dead_cannot_commit_after_the_takeover(own: tuple[An
         session.execute(update(IdempotencyKey).where(IdempotencyKey.tenant == tenant)
                         .values(claim="new-owner", resource=None))
         session.commit()
-    with sessions() as route, Fence(tenant=tenant, key="k", claim="dead-request").watching(route):
+    with sessions() as route, Fence(tenant=tenant, key="k", claim="dead-request", kind="job").watching(route):
         with pytest.raises(KeyTakenOver):
             service.create_job(route, tenant=tenant, body={"input": "a second one"}, settings=settings,
                                storage=storage)
