@@ -59,14 +59,20 @@ def test_a_small_tenant_is_not_stuck_behind_a_big_batch(api: Any, client: Client
     t0 = time.monotonic()
     job = small.submit_job({"input": eval_texts[-1]})
     batch_b = submit(small, tmp_path / "b.jsonl")
-    job_s = batch_s = None
-    while job_s is None or batch_s is None:
-        assert time.monotonic() - t0 < 120, f"B still waits after 120 s\n{worker.tail()}"
-        if job_s is None and small.job(job["id"])["status"] == "succeeded":
-            job_s = time.monotonic() - t0
-        if batch_s is None and small.batch(batch_b)["status"] == "completed":
-            batch_s = time.monotonic() - t0
-        time.sleep(0.1)
+    done: dict[str, float] = {}  # when each of B's was first seen finished, seconds after it was sent
+
+    def both_done() -> bool:
+        if "job" not in done and small.job(job["id"])["status"] == "succeeded":
+            done["job"] = time.monotonic() - t0
+        if "batch" not in done and small.batch(batch_b)["status"] == "completed":
+            done["batch"] = time.monotonic() - t0
+        return len(done) == 2
+
+    try:
+        wait_for(both_done, timeout=120, what="B's job and batch", interval=0.1)
+    except AssertionError:
+        raise AssertionError(f"B still waits after 120 s ({done})\n{worker.tail()}") from None
+    job_s, batch_s = done["job"], done["batch"]
     with session_factory(settings.resolved_database_url)() as session:
         a_queued = len(session.execute(select(Job.id).where(Job.batch_id == batch_a, Job.status == "queued")).all())
     client.cancel(batch_a)
