@@ -1,8 +1,9 @@
 """`yue2-worker --child`: one Celery worker process holding one variant's model.
 
-The solo pool runs batches in the main thread (a prefork pool breaks CUDA, celery#3402). Two
-daemon threads run beside it: the lease heartbeat, which keeps this worker's claims alive while a
-long batch runs, and the reconciler (one at a time across workers, by an advisory lock).
+Celery's threads pool, one thread, runs the micro-batches (a prefork pool breaks CUDA, celery#3402),
+so the main thread stays free to send heartbeats and answer remote control mid-batch. Two daemon
+threads run beside it: the lease heartbeat, which keeps this worker's claims alive while a long
+batch runs, and the reconciler (one at a time across workers, by an advisory lock).
 """
 
 from __future__ import annotations
@@ -45,10 +46,8 @@ def load_runner(settings: Settings, variant: str, directory: Path | None = None)
     return getattr(importlib.import_module(module), factory)(variant=variant, settings=settings, directory=directory)
 
 
-def active_directory(settings: Settings, sessions: Any, variant: str) -> tuple[Path | None, Any]:
-    """The registry's active version of `variant` as a local directory (None: serve the configured
-    seed checkpoint), and a function giving any version's local directory."""
-    from yue2_jobs.checkpoints import registry
+def version_directories(settings: Settings, variant: str) -> Any:
+    """A function giving any published version of `variant` as a local directory (fetched once)."""
     from yue2_jobs.checkpoints.validate import download
 
     store = storage_from_url(settings.resolved_checkpoint_store_url, endpoint_url=settings.s3_endpoint_url,
@@ -57,9 +56,46 @@ def active_directory(settings: Settings, sessions: Any, variant: str) -> tuple[P
     def directory_for(version: str) -> Path:
         return download(store, variant=variant, version=version, cache_dir=settings.resolved_checkpoint_cache_dir)
 
+    return directory_for
+
+
+def active_version(sessions: Any, variant: str) -> str | None:
+    """The registry's active version of `variant` (None: serve the configured starting directory)."""
+    from yue2_jobs.checkpoints import registry
+
     with sessions() as session:
         row = registry.active(session, variant)
-    return (directory_for(row.version) if row is not None else None), directory_for
+    return row.version if row is not None else None
+
+
+def load_first_runner(settings: Settings, sessions: Any, *, variant: str, node: str) -> Runner | None:
+    """The runner this worker starts with: the active version (else the starting directory), loaded
+    with backoff; when every attempt fails the worker stays down (`workers/loading.py`) until the
+    active version changes. None: asked to stop before anything loaded."""
+    from workers.loading import LoadState, keep_reporting, load_with_backoff, stay_down, stop_on_signals
+
+    if variant == FONTS_VARIANT:  # nothing to fetch or fail: render jobs need no checkpoint
+        return load_runner(settings, variant)
+    directory_for = version_directories(settings, variant)
+
+    def load_active() -> tuple[str | None, Any]:
+        version = active_version(sessions, variant)
+        return version, lambda: load_runner(settings, variant, directory_for(version) if version else None)
+
+    state, loaded = LoadState(), threading.Event()
+    restore = stop_on_signals(state)
+    keep_reporting(sessions, name=node, variant=variant, state=state, interval_s=REPORT_INTERVAL_S, until=loaded)
+    what = f"variant {variant!r}"
+    try:
+        runner = load_with_backoff(lambda: load_active()[1](), what=what, attempts=settings.worker_load_attempts,
+                                   backoff_s=settings.worker_load_backoff_s, cap_s=settings.worker_restart_max_s,
+                                   state=state)
+        if runner is None and not state.stop.is_set():
+            runner = stay_down(load_active, what=what, state=state)
+    finally:
+        loaded.set()
+        restore()
+    return None if state.stop.is_set() else runner  # a stop asked for during a load that then succeeded
 
 
 def _every(interval_s: float, stop: threading.Event, fn: Any, what: str) -> threading.Thread:
@@ -150,6 +186,39 @@ def _warn_if_host_local(settings: Settings) -> None:
         if url.startswith("file:"):
             log.warning("%s is a directory on this host (%s): the API and workers on other hosts cannot read "
                         "it; use s3:// when the pipeline runs on more than one host", what, url)
+
+
+def _take_nothing_while_busy(app: Any) -> None:
+    """While a micro-batch runs (in the pool's thread), the consumer takes no message off the queue,
+    as when the batch ran in the main thread: the backlog waits for whichever worker is free, not
+    behind this one's batch. An idle worker still takes up to its prefetch window."""
+    from celery import bootsteps
+    from celery.signals import task_postrun, task_prerun
+    from celery.worker.consumer.tasks import Tasks
+
+    from yue2_jobs.queue import TASK_NAME
+
+    busy = threading.Event()
+
+    @task_prerun.connect(weak=False)
+    def _started(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == TASK_NAME:
+            busy.set()
+
+    @task_postrun.connect(weak=False)
+    def _ended(sender: Any = None, **_: Any) -> None:
+        if getattr(sender, "name", None) == TASK_NAME:
+            busy.clear()
+
+    class TakeNothingWhileBusy(bootsteps.StartStopStep):
+        requires = (Tasks,)  # after the task consumer (re)starts on a (new) connection
+
+        def start(self, c: Any) -> None:
+            qos = c.task_consumer.channel.qos  # as Celery's worker_disable_prefetch does
+            can_consume = qos.can_consume
+            qos.can_consume = lambda: not busy.is_set() and can_consume()
+
+    app.steps["consumer"].add(TakeNothingWhileBusy)
 
 
 def _alive(pid: int) -> bool:
@@ -269,9 +338,13 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         dead_workers.release(session, settings=settings, celery_app=app, worker=node)
     held = HeldDeliveries(settings.broker_url, node)
     held.connect()
-    start_dir, directory_for = (None, None) if variant == FONTS_VARIANT else active_directory(settings, sessions,
-                                                                                             variant)
-    runner = load_runner(settings, variant, start_dir)
+    runner = load_first_runner(settings, sessions, variant=variant, node=node)
+    if runner is None:  # stopped while it could not load: nothing was consumed
+        with sessions() as session:
+            withdraw(session, name=node)
+        held.clear()
+        return
+    directory_for = None if variant == FONTS_VARIANT else version_directories(settings, variant)
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node)
     _announce(ctx, settings, variant=variant)
     register(app, lambda: ctx, settings)
@@ -308,9 +381,12 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     if reconcile:
         _housekeeping(settings, node=node, sessions=sessions, storage=storage, app=app, stop=stop)
     try:
-        # --concurrency 1: the prefetch window is multiplier x concurrency, and Celery would take the
-        # CPU count for a solo pool's concurrency.
-        app.worker_main(["worker", "--pool", "solo", "--concurrency", "1", "--queues", queue_for(variant),
+        # The threads pool, not solo: a micro-batch runs in the pool's thread, and the main thread's
+        # event loop keeps sending heartbeats and answering inspect and the swap commands (a busy solo
+        # worker did neither, and Flower showed it Offline). --concurrency 1: one micro-batch at a
+        # time, and the prefetch window is multiplier x concurrency.
+        _take_nothing_while_busy(app)
+        app.worker_main(["worker", "--pool", "threads", "--concurrency", "1", "--queues", queue_for(variant),
                          "--hostname", node, "--loglevel", "INFO", "--without-gossip", "--without-mingle",
                          "--task-events"])
     finally:

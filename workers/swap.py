@@ -37,7 +37,7 @@ def report(session: Any, ctx: Any, *, name: str) -> str | None:
     values = dict(variant=ctx.runner.variant, checkpoint=ctx.runner.checkpoint,
                   weights_sha256=ctx.runner.weights_sha256, pid=os.getpid(), pid_space=pid_space(),
                   swap_version=swap.get("version"), swap_state=swap.get("state"), swap_error=swap.get("error"),
-                  heartbeat_at=utcnow())
+                  load_error=None, heartbeat_at=utcnow())
     row = session.get(WorkerProcess, name)
     if row is None or (row.pid, row.pid_space) != (os.getpid(), values["pid_space"]):
         # new, or left by an earlier process of this name

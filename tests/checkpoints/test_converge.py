@@ -8,12 +8,16 @@ from typing import Any
 
 from sqlalchemy import update
 
-from tests.checkpoints.test_registry import copy_of, env, publish, validate  # noqa: F401 (env is a fixture)
+from tests.checkpoints.garbage import retrained_drafter
+from tests.checkpoints.test_registry import ROOT, copy_of, env, publish, validate  # noqa: F401 (env is a fixture)
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.watchdog import converge, live_workers
 from yue2_jobs.db.models import CheckpointState, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.jobs.capacity import STARTING
+
+
+LEGAL = ROOT / "checkpoints" / "legal"
 
 
 class RecordingControl:
@@ -75,7 +79,7 @@ def test_a_failed_load_marks_the_version_failed_and_reactivates_the_previous(env
     first = publish(env, copy_of("legal", tmp_path / "v1"))
     assert validate(env, first) is not None
     registry.activate(session, first)
-    second = publish(env, copy_of("base", tmp_path / "v2"))
+    second = publish(env, retrained_drafter(tmp_path / "v2", LEGAL))
     assert validate(env, second) is not None
     registry.activate(session, second)
     worker_row(session, "gpu0@a", f"legal@{first.version}")

@@ -14,6 +14,7 @@ import pytest
 import torch
 from sqlalchemy.exc import IntegrityError
 
+from tests.checkpoints.garbage import retrained_drafter
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import validate_version
 from yue2_jobs.db.migrate import upgrade_head
@@ -56,9 +57,16 @@ def publish(env: Any, directory: Path, variant: str = "legal") -> CheckpointVers
     return registry.publish(session, store=store, store_url=url, directory=directory, variant=variant)
 
 
-def validate(env: Any, row: CheckpointVersion) -> Path | None:
+def settings_for(tmp: Path, **overrides: Any) -> Any:
+    from yue2_jobs.core.config import Settings
+
+    return Settings(home=tmp / "home", checkpoint_cache_dir=tmp / "cache", **overrides)
+
+
+def validate(env: Any, row: CheckpointVersion, **overrides: Any) -> Path | None:
+    """Validation as the watchdog runs it: against the variant's active version (else its shipped directory)."""
     session, store, _, tmp = env
-    return validate_version(session, row, store=store, cache_dir=tmp / "cache")
+    return validate_version(session, row, store=store, settings=settings_for(tmp, **overrides))
 
 
 def test_publish_uploads_the_manifest_last_and_registers_a_staged_version(env: Any) -> None:
@@ -88,7 +96,7 @@ def test_a_valid_version_activates_and_rollback_restores_the_previous(env: Any) 
     first = publish(env, ROOT / "checkpoints" / "base", variant="base")
     assert validate(env, first) is not None and first.validated_at is not None
     assert registry.activate(session, first) is None
-    retrained = copy_of("legal", env[3] / "retrained")  # any other valid checkpoint, as a new base version
+    retrained = retrained_drafter(env[3] / "retrained")  # a new drafter: every `ar` output as before
     second = publish(env, retrained, variant="base")
     assert validate(env, second) is not None
     previous = registry.activate(session, second)
@@ -134,7 +142,7 @@ def bad_checkpoint(kind: str, dest: Path) -> Path:
 ])
 def test_bad_versions_fail_validation_and_the_active_one_stays(env: Any, kind: str, reason: str) -> None:
     session = env[0]
-    good = publish(env, ROOT / "checkpoints" / "legal", variant="base")  # the bad ones derive from base's files
+    good = publish(env, retrained_drafter(env[3] / "good"), variant="base")  # the bad ones derive from base's files
     validate(env, good)
     registry.activate(session, good)
     bad = publish(env, bad_checkpoint(kind, env[3] / kind), variant="base")
@@ -146,7 +154,7 @@ def test_bad_versions_fail_validation_and_the_active_one_stays(env: Any, kind: s
 
 
 @pytest.mark.slow  # runs the `yue2` command in subprocesses
-def test_cli_publish_activate_list_rollback(tmp_path: Path) -> None:
+def test_cli_publish_activate_list_history_rollback(tmp_path: Path) -> None:
     env = {**os.environ, "YUE2_HOME": str(tmp_path), "YUE2_DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite'}"}
     env = {k: v for k, v in env.items() if k not in ("YUE2_CHECKPOINT_STORE_URL", "YUE2_CHECKPOINT_CACHE_DIR")}
 
@@ -157,15 +165,23 @@ def test_cli_publish_activate_list_rollback(tmp_path: Path) -> None:
         return done
 
     yue2("migrate")
-    first = yue2("checkpoints", "publish", str(ROOT / "checkpoints" / "base"), "--variant", "legal", "--activate")
-    assert "published legal@" in first.stdout and "active: legal@" in first.stdout
-    second = yue2("checkpoints", "publish", str(ROOT / "checkpoints" / "legal"), "--variant", "legal", "--activate")
-    assert "(was " in second.stdout
+    # base's weights published as legal: valid files, another model. Refused; the shipped legal,
+    # registered as legal's first version on the way, stays active.
+    refused = yue2("checkpoints", "publish", str(ROOT / "checkpoints" / "base"), "--variant", "legal", "--activate",
+                   ok=False)
+    assert "registered legal@" in refused.stdout and "as legal's first version (active)" in refused.stdout
+    assert "failed validation" in refused.stderr and "strays from the serving version" in refused.stderr
+    retrained = retrained_drafter(tmp_path / "retrained", ROOT / "checkpoints" / "legal")
+    second = yue2("checkpoints", "publish", str(retrained), "--variant", "legal", "--activate")
+    assert "(was " in second.stdout and "agreement 1.00" in second.stdout
     listing = yue2("checkpoints", "list").stdout.splitlines()
-    assert [line.split()[1] for line in listing] == ["retired", "active"]
+    assert [line.split()[1] for line in listing] == ["retired", "failed", "active"], listing
+    assert "seed " in listing[0] and "strays from the serving version" in listing[1]
     assert "rolled back" in yue2("checkpoints", "rollback", "legal").stdout
     assert [line.split()[1] for line in yue2("checkpoints", "list", "--variant", "legal").stdout.splitlines()] == \
-        ["active", "retired"]
+        ["active", "failed", "retired"]
+    history = [line.split() for line in yue2("checkpoints", "history", "--variant", "legal").stdout.splitlines()]
+    assert [h[-1] for h in history] == ["seed", "activate", "rollback"] and history[0][0] == history[2][0]
     assert "yue2: error: no checkpoint legal@000000000000" in yue2("checkpoints", "activate", "legal", "000000000000",
                                                                     ok=False).stderr
 
@@ -179,9 +195,12 @@ def test_the_optional_rouge_gate_rejects_a_version_that_forgot_its_task(env: Any
     gate = RougeGate.for_variant(settings, "legal")
     assert gate == RougeGate(corpus="legal", minimum=30, items=16)
     assert RougeGate.for_variant(settings, "base") is None  # no minimum set: no gate
+    # The minimum alone decides here: an expected change with any drop allowed against the serving version.
+    lenient = {"validation_min_rouge_l": {"legal": 30}, "validation_max_rouge_drop": 100.0}
     good = publish(env, ROOT / "checkpoints" / "legal")
-    assert validate_version(session, good, store=store, cache_dir=tmp / "cache", rouge_gate=gate) is not None
-    wrong = publish(env, copy_of("base", tmp_path / "base-as-legal"))  # valid weights, the wrong task
-    assert validate_version(session, wrong, store=store, cache_dir=tmp / "cache", rouge_gate=gate) is None
+    assert validate(env, good, **lenient) is not None
+    wrong = registry.publish(session, store=store, store_url=env[2], directory=copy_of("base", tmp_path / "b"),
+                             variant="legal", expect_change=True)  # valid weights, the wrong task
+    assert validate(env, wrong, **lenient) is None
     assert wrong.state == CheckpointState.FAILED
     assert "ROUGE-L" in wrong.error and "on 16 legal eval items is under the minimum 30.00" in wrong.error, wrong.error

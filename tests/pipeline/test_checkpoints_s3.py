@@ -24,7 +24,8 @@ def test_publish_list_validate_activate_in_s3(settings: Any, s3: dict[str, str],
         assert row.uri == f"{store_url}/checkpoints/legal-s3/{row.version}/"
         store.put(f"checkpoints/legal-s3/ffffffffffff/{MANIFEST}", (ROOT / "checkpoints/legal" / MANIFEST).read_bytes())
         assert list(registry.complete_versions(store, "legal-s3")) == [row.version]  # the other lacks its files
-        directory = validate_version(session, row, store=store, cache_dir=tmp_path / "cache")
+        directory = validate_version(session, row, store=store,
+                                     settings=settings.model_copy(update={"checkpoint_cache_dir": tmp_path / "cache"}))
         assert directory is not None and (directory / "model.safetensors").read_bytes() == \
             (ROOT / "checkpoints/legal/model.safetensors").read_bytes()
         registry.activate(session, row)

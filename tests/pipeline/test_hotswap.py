@@ -16,11 +16,12 @@ import pytest
 import torch
 from sqlalchemy import delete
 
+from tests.checkpoints.garbage import retrained_drafter
 from tests.pipeline.conftest import ROOT, wait_for
 from tests.pipeline.test_e2e import batch_jobs, submit, wait_batch, write_batch
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.watchdog import live_workers, run_pass
-from yue2_jobs.db.models import CheckpointState, CheckpointVersion, JobStatus
+from yue2_jobs.db.models import CheckpointActivation, CheckpointState, CheckpointVersion, JobStatus
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.jobs.capacity import STARTING
 from yue2_jobs.model.checkpoint import load_checkpoint, save_checkpoint, verify_checkpoint_dir
@@ -37,6 +38,7 @@ def base_registry(settings: Any) -> Iterator[tuple[Any, Any, Any]]:
     yield session_factory(settings.resolved_database_url), storage_from_url(settings.resolved_checkpoint_store_url), app
     with session_factory(settings.resolved_database_url)() as session:
         session.execute(delete(CheckpointVersion).where(CheckpointVersion.variant == "base"))
+        session.execute(delete(CheckpointActivation).where(CheckpointActivation.variant == "base"))
         session.commit()
     shutil.rmtree(Path(settings.resolved_checkpoint_store_url.removeprefix("file://")) / "checkpoints" / "base",
                   ignore_errors=True)
@@ -71,7 +73,7 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
     batch_a = submit(client, tmp_path / "a.jsonl")
     wait_for(lambda: client.batch(batch_a)["request_counts"]["completed"] >= 32, timeout=120, what="first jobs")
 
-    retrained = shutil.copytree(ROOT / "checkpoints" / "legal", tmp_path / "retrained-base")  # a "retrained" base
+    retrained = retrained_drafter(tmp_path / "retrained-base")  # a new drafter: the same `ar` outputs
     with sessions() as session:
         new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
                                directory=retrained, variant="base")
@@ -115,14 +117,17 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
         assert registry.active(session, "base").version == new.version
     assert reported(sessions)[name]["checkpoint"] == new_ck
 
-    # The seed checkpoint published as a version, then a rollback: each pass swaps the worker, same pid.
+    # The watchdog registered the starting directory as base's first version: a rollback returns to
+    # it (the shipped weights), and a second one to the retrained version; each pass swaps the worker.
     with sessions() as session:
-        seed = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
-                                directory=ROOT / "checkpoints" / "base", variant="base")
+        back = registry.rollback(session, "base")
+        assert back.source is not None and back.source.startswith("seed ")
     run_pass(settings, sessions, store, app)
-    assert reported(sessions)[name]["checkpoint"] == f"base@{seed.version}"
+    assert reported(sessions)[name]["checkpoint"] == before["checkpoint"] == f"base@{back.version}"
     with sessions() as session:
         assert registry.rollback(session, "base").version == new.version
+        assert [(a.version, a.how) for a in registry.history(session, "base")] == [
+            (back.version, "seed"), (new.version, "activate"), (back.version, "rollback"), (new.version, "rollback")]
     run_pass(settings, sessions, store, app)
     final = reported(sessions)[name]
     assert final["checkpoint"] == new_ck and final["pid"] == before["pid"]
@@ -141,10 +146,10 @@ def test_a_worker_that_cannot_load_keeps_serving_and_the_version_is_rolled_back(
     assert before["checkpoint"] == f"base@{seed.version}"
     with sessions() as session:
         new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
-                               directory=ROOT / "checkpoints" / "legal", variant="base")
+                               directory=retrained_drafter(tmp_path / "retrained"), variant="base")
         from yue2_jobs.checkpoints.validate import validate_version
 
-        assert validate_version(session, new, store=store, cache_dir=tmp_path / "validator-cache")
+        assert validate_version(session, new, store=store, settings=settings)
         registry.activate(session, new)
     # The worker's copy cannot be fetched: its store files vanished after validation.
     store_root = Path(settings.resolved_checkpoint_store_url.removeprefix("file://"))

@@ -36,7 +36,7 @@ from yue2_jobs.errors import (
     StorageUnavailableError,
     TooManyRequestsError,
 )
-from yue2_jobs.jobs.capacity import unserved
+from yue2_jobs.jobs.capacity import stalled, unserved
 from yue2_jobs.queue import make_celery
 from yue2_jobs.storage import storage_from_url
 
@@ -134,12 +134,22 @@ def _unknown_route(path: str) -> str:
     return f"no route {path}; see /docs for the API's routes"
 
 
+def _stalled_text(variant: str, waiting: dict[str, Any]) -> str:
+    # /healthz answers anyone: a worker's load error (paths, hosts) stays in its status row (`yue2 workers`).
+    down = len(waiting.pop("workers_down"))
+    waiting["workers_down"] = down
+    return (f"variant {variant!r}: {waiting['queued']} job(s) queued and no live worker" +
+            (f" ({down} worker(s) down: they cannot load the checkpoint; `yue2 workers` says why)" if down else ""))
+
+
 def _health(state: AppState) -> JSONResponse:
     checks: dict[str, Any] = {}
+    waiting: dict[str, dict[str, Any]] = {}
     try:
         with state.sessions() as session:
             session.execute(text("SELECT 1"))
             checks["variants_without_workers"] = unserved(session, state.settings.checkpoints)
+            waiting = stalled(session, state.settings.checkpoints)
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {NO_SCHEMA}" if is_missing_schema(exc) else f"error: {type(exc).__name__}"
@@ -160,8 +170,13 @@ def _health(state: AppState) -> JSONResponse:
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}"
-    # No worker for a variant is reported, not failed: the API itself serves, and jobs wait queued.
+    # No worker for a variant is only reported while nothing waits for one; jobs queued for a variant
+    # that no live worker serves (none started, or each down on a checkpoint it cannot load) degrade.
     ok = all(checks[part] == "ok" for part in ("database", "broker", "storage"))
+    if checks["database"] == "ok" and waiting:
+        checks["variants_stalled"] = waiting
+        checks["problems"] = [_stalled_text(v, w) for v, w in waiting.items()]
+        ok = False
     return JSONResponse({"status": "ok" if ok else "degraded", **checks}, 200 if ok else 503)
 
 

@@ -2,9 +2,13 @@
 
 Each pass, for every configured variant:
 
+0. **seed**: the directory the variant starts from is registered as its first version
+   (`registry.ensure_seed`), so a rollback after the first swap has somewhere to go;
 1. **discover**: versions in the store whose manifest is complete (a half-uploaded one has none
    yet) and that the registry lacks are registered `staged`;
-2. **validate** staged versions, oldest first (`validate.py`); each that passes becomes active;
+2. **validate** staged versions, oldest first, against the serving version (`validate.py`,
+   `gates.py`); each that passes becomes active, each that fails stays `failed` with its reason
+   (logged, in `yue2 checkpoints list`, and counted in the API's /metrics);
 3. **converge**: every live worker of the variant (its row in `worker_processes`, which a thread
    of the worker refreshes even while it decodes) that serves another version is told to swap
    (`workers/swap.py`), one worker at a time, each confirmed by its row before the next. If a worker
@@ -31,7 +35,7 @@ from typing import Any
 from sqlalchemy import select, update
 
 from yue2_jobs.checkpoints import registry
-from yue2_jobs.checkpoints.validate import RougeGate, validate_version
+from yue2_jobs.checkpoints.validate import validate_version
 from yue2_jobs.db.leader import LeaderLock, lock_holder
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion, WorkerProcess
 from yue2_jobs.db.session import utcnow
@@ -54,10 +58,13 @@ def discover(session: Any, *, store: Any, store_url: str, variant: str) -> list[
 
 
 def live_workers(session: Any, variant: str, *, within_s: float = LIVE_WITHIN_S) -> list[WorkerProcess]:
-    """Workers of `variant` whose status report is recent (their reporter thread runs while they decode)."""
+    """Workers of `variant` whose status report is recent (their reporter thread runs while they
+    decode) and that serve (a worker down for a checkpoint it cannot load retries by itself when
+    the active version changes)."""
     since = utcnow() - timedelta(seconds=within_s)
     return list(session.execute(select(WorkerProcess).where(
-        WorkerProcess.variant == variant, WorkerProcess.heartbeat_at >= since).order_by(WorkerProcess.name)).scalars())
+        WorkerProcess.variant == variant, WorkerProcess.heartbeat_at >= since, WorkerProcess.load_error.is_(None))
+        .order_by(WorkerProcess.name)).scalars())
 
 
 def swap_worker(session: Any, app: Any, name: str, *, variant: str, version: str, timeout_s: float) -> str | None:
@@ -111,7 +118,7 @@ def converge(session: Any, app: Any, *, variant: str, swap_timeout_s: float,
             registry.finish_validation(session, target, error=f"worker load failed on {name}: {error}")
             earlier = _previous(session, variant)
             if earlier is not None:
-                registry.activate(session, earlier)
+                registry.activate(session, earlier, how="load-failed rollback")
             return swapped
         log.info("%s now serves %s (%.1fs)", name, want, time.monotonic() - t0)
         swapped.append(name)
@@ -130,6 +137,8 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any,
     done: dict[str, Any] = {}
     for variant in settings.checkpoints:
         with sessions() as session:
+            registry.ensure_seed(session, store=store, store_url=settings.resolved_checkpoint_store_url,
+                                 variant=variant, directory=Path(settings.checkpoints[variant]))
             found = discover(session, store=store, store_url=settings.resolved_checkpoint_store_url, variant=variant)
             staged = session.execute(select(CheckpointVersion).where(
                 CheckpointVersion.variant == variant, CheckpointVersion.state == CheckpointState.STAGED)
@@ -137,19 +146,22 @@ def run_pass(settings: Any, sessions: Any, store: Any, app: Any,
             activated = []
             t_validate = time.monotonic()
             for row in staged:
-                if validate_version(session, row, store=store, cache_dir=settings.resolved_checkpoint_cache_dir,
-                                    rouge_gate=RougeGate.for_variant(settings, variant)):
+                if validate_version(session, row, store=store, settings=settings):
                     registry.activate(session, row)
                     activated.append(row.version)
+                    log.info("%s@%s passed validation: %s", variant, row.version, row.report)
                 else:
-                    log.warning("%s@%s failed validation: %s", variant, row.version, row.error)
+                    current = registry.active(session, variant)
+                    log.warning("%s@%s failed validation, %s keeps serving: %s", variant, row.version,
+                                f"{variant}@{current.version}" if current else "the starting checkpoint", row.error)
             t_converge = time.monotonic()
             swapped = converge(session, app, variant=variant, swap_timeout_s=settings.watchdog_swap_timeout_s,
                                still_leader=still_leader)
             t_end = time.monotonic()
         if found or activated or swapped:
             done[variant] = {"discovered": found, "activated": activated, "swapped": swapped,
-                             "validate_s": round(t_converge - t_validate, 2), "converge_s": round(t_end - t_converge, 2)}
+                             "validate_s": round(t_converge - t_validate, 2),
+                             "converge_s": round(t_end - t_converge, 2)}
             log.info("%s: %s", variant, done[variant])
     return done
 

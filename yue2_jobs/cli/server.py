@@ -1,4 +1,4 @@
-"""`yue2 migrate | api | health | watchdog | flower | reconcile | demo`: the server side (the
+"""`yue2 migrate | api | health | workers | watchdog | flower | reconcile | demo`: the server side (the
 workers have their own program, `yue2-worker`)."""
 
 from __future__ import annotations
@@ -45,6 +45,27 @@ def _health(args: argparse.Namespace) -> None:
                 raise SystemExit(1)
             return
         time.sleep(0.2)
+
+
+def _workers(args: argparse.Namespace) -> None:
+    """Each worker's status row: what it serves, how long ago it reported, and why it is down."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import select
+
+    from yue2_jobs.db.models import WorkerProcess
+    from yue2_jobs.db.session import as_utc, session_factory
+    from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
+
+    s = settings()
+    with session_factory(s.resolved_database_url)() as session:
+        rows = session.execute(select(WorkerProcess).order_by(WorkerProcess.variant, WorkerProcess.name)).scalars()
+        now = datetime.now(UTC)
+        for row in rows:
+            age = (now - as_utc(row.heartbeat_at)).total_seconds()
+            state = ("gone" if age > LIVE_WITHIN_S else f"down: {row.load_error}" if row.load_error
+                     else "serving")
+            print(f"{row.name}  {row.checkpoint}  pid {row.pid}  reported {age:.0f}s ago  {state}")
 
 
 def _watchdog(args: argparse.Namespace) -> None:
@@ -125,6 +146,8 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--wait", type=float, default=0.0, help="seconds to keep asking until it answers ok")
     add_api_url(p)
     p.set_defaults(func=_health)
+    p = sub.add_parser("workers", help="each worker's status row: what it serves, its last report, why it is down")
+    p.set_defaults(func=_workers)
     p = sub.add_parser("watchdog", help="validate new checkpoint versions, activate them, swap the workers")
     p.add_argument("--once", action="store_true", help="one pass, then exit (no pass while another watchdog runs "
                    "them: it says which)")

@@ -21,6 +21,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from yue2_jobs.core.paths import CHECKPOINTS
 from yue2_jobs.decode.params import DEFAULT_MAX_NEW_TOKENS, DEFAULT_MODE, Mode
 
+SHIPPED_VARIANTS: dict[str, Path] = {"base": CHECKPOINTS / "base", "legal": CHECKPOINTS / "legal"}
+
 
 class Settings(BaseSettings):
     """Pipeline settings; each field is `YUE2_<NAME>` in the environment."""
@@ -35,9 +37,12 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(None, description="S3 endpoint for MinIO or moto; None means AWS.")
     s3_region: str = Field("us-east-1", description="Region the S3 client signs for.")
     checkpoints: dict[str, Path] = Field(
-        default_factory=lambda: {"base": CHECKPOINTS / "base", "legal": CHECKPOINTS / "legal"},
-        description="Variant name -> checkpoint directory, as JSON in the environment.",
+        default_factory=lambda: dict(SHIPPED_VARIANTS),
+        description="Variant name -> checkpoint directory, as JSON in the environment. Adds to the shipped `base` "
+        "and `legal` (a name of theirs replaces that one) unless `checkpoints_only` is set.",
     )
+    checkpoints_only: bool = Field(False, description="Serve only the variants `checkpoints` names, not the shipped "
+                                   "ones beside them.")
 
     # --- job defaults and limits (each limit is reported by name in the 4xx that enforces it)
     default_variant: str = Field("base", description="Variant a job runs on when it names none.")
@@ -119,7 +124,13 @@ class Settings(BaseSettings):
         "default engine_max_rows x 2 x the model's positions."
     )
     worker_procs: int = Field(1, ge=1, description="Worker processes on a host without GPUs (they split the cores).")
-    worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts.")
+    worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts "
+                                        "(and between two attempts to load a worker's checkpoint).")
+    worker_load_attempts: int = Field(
+        5, ge=1, le=100, description="Attempts a worker makes to load its checkpoint at start (one log line each) "
+        "before it stays down, its reason in its status row, until the variant's active version changes.")
+    worker_load_backoff_s: float = Field(2.0, gt=0, description="Wait after a worker's first failed load; doubled "
+                                         "after each next one, up to `worker_restart_max_s`.")
     metrics_host: str = Field("127.0.0.1", description="Address a worker's metrics endpoint binds (0.0.0.0 for a "
                               "Prometheus on another host).")
     metrics_port: int = Field(0, ge=0, le=65535, description="First worker's Prometheus port (0: no endpoint); "
@@ -146,7 +157,24 @@ class Settings(BaseSettings):
     validation_eval_sets: dict[str, str] = Field(
         default_factory=lambda: {"base": "general", "legal": "legal"},
         description="Variant -> corpus under data/ whose eval split the ROUGE gate decodes.")
-    validation_rouge_items: int = Field(16, ge=1, le=1000, description="Eval items the ROUGE gate decodes.")
+    validation_rouge_items: int = Field(16, ge=1, le=1000, description="Eval items the ROUGE gate and an expected "
+                                        "change (`--expect-change`) decode.")
+    # The gate every new version passes (checkpoints/gates.py), on with these defaults for every variant.
+    validation_canary_items: int = Field(
+        16, ge=1, le=1000, description="Inputs a new version and the serving one both decode: the variant's latest "
+        "jobs' inputs, topped up from its eval set and the smoke prompts.")
+    validation_min_agreement: float = Field(
+        0.5, ge=0, le=1, description="Least mean ROUGE-L F1 of a new version's canary outputs against the serving "
+        "version's (a publish without --expect-change).")
+    validation_max_loss_gap: float = Field(
+        1.0, ge=0, description="Most a new version's mean loss (nats per token) on the serving version's canary "
+        "outputs may exceed the serving version's own.")
+    validation_max_degenerate: float = Field(
+        0.25, ge=0, le=1, description="Largest share of a new version's outputs that may be empty, mostly replacement "
+        "characters, one token repeated or a short loop (and no more than the serving version's).")
+    validation_max_rouge_drop: float = Field(
+        2.0, ge=0, description="With --expect-change: most ROUGE-L points (x 100) a new version may fall under the "
+        "serving version on the variant's eval set.")
 
     watchdog_interval_s: float = Field(5.0, gt=0, description="Seconds between watchdog passes (a local store "
                                        "also wakes it on each new manifest).")
@@ -176,6 +204,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Self:
+        if "checkpoints" in self.model_fields_set and not self.checkpoints_only:
+            # The model is frozen once built; this is its construction.
+            object.__setattr__(self, "checkpoints", {**SHIPPED_VARIANTS, **self.checkpoints})
         if self.default_variant not in self.checkpoints:
             raise ValueError(f"YUE2_DEFAULT_VARIANT={self.default_variant!r} is not in YUE2_CHECKPOINTS "
                              f"({sorted(self.checkpoints)})")

@@ -186,6 +186,26 @@ class CheckpointVersion(Base):
     validated_at: Mapped[datetime | None]
     activated_at: Mapped[datetime | None]
     retired_at: Mapped[datetime | None]
+    # What the publish said: the version is meant to decode differently from the one it replaces
+    # (judged on the eval set, not against the serving version), or to bring another tokenizer.
+    expect_change: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
+    tokenizer_change: Mapped[bool] = mapped_column(default=False, server_default=text("false"))
+    source: Mapped[str | None] = mapped_column(Text)  # "seed <dir>", "publish <dir>" or "store"
+    report: Mapped[str | None] = mapped_column(Text)  # the validation's figures, one line
+
+
+class CheckpointActivation(Base):
+    """One stretch of a version serving its variant: `yue2 checkpoints history` (what served when)."""
+
+    __tablename__ = "checkpoint_activations"
+    __table_args__ = (Index("ix_checkpoint_activations_variant", "variant", "started_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    variant: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(64))
+    how: Mapped[str] = mapped_column(String(32))  # seed | activate | rollback | load-failed rollback
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
 
 
 class WorkerProcess(Base):
@@ -209,6 +229,9 @@ class WorkerProcess(Base):
     # thread polls it, so the request reaches a worker in the middle of a long micro-batch (Celery
     # remote control would wait for the micro-batch to end).
     swap_request: Mapped[str | None] = mapped_column(String(64))
+    # Set while the worker is down because it could not load its checkpoint (it serves nothing and
+    # is not counted as live); the reason, one line.
+    load_error: Mapped[str | None] = mapped_column(Text)
     heartbeat_at: Mapped[datetime]
 
 

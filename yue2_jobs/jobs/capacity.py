@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from yue2_jobs.db.models import WorkerProcess
+from yue2_jobs.db.models import Job, JobStatus, WorkerProcess
 from yue2_jobs.db.session import utcnow
 
 LIVE_WITHIN_S = 30.0  # a worker whose last status report is older is taken for gone
@@ -20,15 +20,34 @@ STARTING = "starting"  # a worker row's version (`<variant>@starting`) from its 
 
 
 def live_variants(session: Session, *, within_s: float = LIVE_WITHIN_S) -> set[str]:
+    """Variants with a worker that reports and has not failed to load its checkpoint."""
     since = utcnow() - timedelta(seconds=within_s)
-    return set(session.execute(select(WorkerProcess.variant).where(WorkerProcess.heartbeat_at >= since)
-                               .distinct()).scalars())
+    return set(session.execute(select(WorkerProcess.variant).where(
+        WorkerProcess.heartbeat_at >= since, WorkerProcess.load_error.is_(None)).distinct()).scalars())
 
 
 def unserved(session: Session, variants: Iterable[str]) -> list[str]:
     """The ones of `variants` no live worker serves, sorted."""
     wanted = set(variants)
     return sorted(wanted - live_variants(session)) if wanted else []
+
+
+def stalled(session: Session, variants: Iterable[str]) -> dict[str, dict[str, object]]:
+    """Variants with queued jobs and no live worker: how many wait, and why each of their workers
+    that reports is down (a checkpoint it cannot load). What /healthz calls degraded."""
+    missing = unserved(session, variants)
+    if not missing:
+        return {}
+    queued = dict(session.execute(select(Job.variant, func.count()).where(
+        Job.status == JobStatus.QUEUED, Job.variant.in_(missing)).group_by(Job.variant)).tuples().all())
+    if not queued:
+        return {}
+    since = utcnow() - timedelta(seconds=LIVE_WITHIN_S)
+    down = session.execute(select(WorkerProcess.variant, WorkerProcess.name, WorkerProcess.load_error).where(
+        WorkerProcess.variant.in_(list(queued)), WorkerProcess.heartbeat_at >= since,
+        WorkerProcess.load_error.is_not(None))).all()
+    return {v: {"queued": n, "workers_down": {name: err for var, name, err in down if var == v}}
+            for v, n in sorted(queued.items())}
 
 
 def no_worker_warnings(session: Session, variants: Iterable[str]) -> list[str]:

@@ -1,0 +1,142 @@
+"""Loading a worker's checkpoint at start: retried with capped exponential backoff, one log line an
+attempt (never a traceback), and after `YUE2_WORKER_LOAD_ATTEMPTS` the worker stays down.
+
+A down worker consumes nothing. Its process stays up, so the launcher does not restart it into the
+same failure; its row in `worker_processes` keeps reporting, with `load_error` saying why, so
+`/healthz` names the variant as degraded while its jobs wait and the status row tells the
+operator what to fix. It tries again, once, whenever the registry's active version of its variant
+changes (a rollback or a good publish is the fix), and exits cleanly on SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.protocol import Runner
+
+log = logging.getLogger("yue2.worker")
+DOWN_CHECK_S = 10.0  # how often a down worker looks for a new active version
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+@dataclass
+class LoadState:
+    """What the status row says while the worker loads or is down (read by the report thread)."""
+
+    error: str | None = None
+    down: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+def load_with_backoff(load: Callable[[], Runner], *, what: str, attempts: int, backoff_s: float, cap_s: float,
+                      state: LoadState) -> Runner | None:
+    """`load()`, tried up to `attempts` times with waits of backoff_s, 2 x backoff_s, ... (at most
+    cap_s); None when every attempt failed or a stop was asked for."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return load()
+        except Exception as exc:  # any failure to load is this worker's, reported the same way
+            state.error = one_line(exc)
+        if attempt == attempts:
+            log.error("cannot load %s (attempt %d of %d): %s; staying down", what, attempt, attempts, state.error)
+            break
+        wait = min(cap_s, backoff_s * 2 ** (attempt - 1))
+        log.error("cannot load %s (attempt %d of %d): %s; retrying in %.0fs", what, attempt, attempts, state.error,
+                  wait)
+        if state.stop.wait(wait):
+            return None
+    return None
+
+
+def stay_down(load_active: Callable[[], tuple[str | None, Callable[[], Runner]]], *, what: str,
+              state: LoadState) -> Runner | None:
+    """Wait, serving nothing, until the registry's active version changes (then try it once; the
+    runner when it loads) or a stop is asked for (None)."""
+    state.down = True
+    failed_version, _ = load_active()
+    log.error("%s is down: %s (the worker stays down until the active version changes, e.g. `yue2 checkpoints "
+              "rollback`, or it is restarted)", what, state.error)
+    while not state.stop.wait(DOWN_CHECK_S):
+        try:
+            version, load = load_active()
+        except Exception as exc:  # the registry unreachable: look again later
+            log.warning("%s: cannot read the active version: %s", what, one_line(exc))
+            continue
+        if version == failed_version:
+            continue
+        failed_version = version
+        try:
+            runner = load()
+        except Exception as exc:
+            state.error = one_line(exc)
+            log.error("cannot load %s (active version %s): %s; staying down", what, version, state.error)
+            continue
+        state.down, state.error = False, None
+        return runner
+    return None
+
+
+def stop_on_signals(state: LoadState) -> Callable[[], None]:
+    """SIGTERM and SIGINT end the loading or the down wait; returns what puts the old handlers back
+    (Celery installs its own when the worker starts)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: Any) -> None:
+        state.stop.set()
+
+    for sig in previous:
+        signal.signal(sig, handler)
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    return restore
+
+
+def report_down(session: Any, *, name: str, variant: str, state: LoadState) -> None:
+    """Refresh this process's row while it loads or is down: its heartbeat, and why it does not
+    serve (a worker whose load has failed is not counted as live: `capacity.live_variants`)."""
+    from sqlalchemy import update
+
+    from yue2_jobs.core.procs import pid_space
+    from yue2_jobs.db.models import WorkerProcess
+    from yue2_jobs.db.session import affected, utcnow
+    from yue2_jobs.jobs.capacity import STARTING
+
+    now, space = utcnow(), pid_space()
+    if not affected(session.execute(update(WorkerProcess).where(
+            WorkerProcess.name == name, WorkerProcess.pid == os.getpid(), WorkerProcess.pid_space == space)
+            .values(heartbeat_at=now, load_error=state.error))):
+        # reaped as silent meanwhile (a long load): stand again under the name
+        session.merge(WorkerProcess(name=name, variant=variant, checkpoint=f"{variant}@{STARTING}", pid=os.getpid(),
+                                    pid_space=space, heartbeat_at=now, load_error=state.error))
+    session.commit()
+
+
+def keep_reporting(sessions: Any, *, name: str, variant: str, state: LoadState, interval_s: float,
+                   until: threading.Event) -> threading.Thread:
+    """The status row's thread while the worker loads or is down (the serving worker has its own)."""
+
+    def loop() -> None:
+        while not until.is_set():
+            try:
+                with sessions() as session:
+                    report_down(session, name=name, variant=variant, state=state)
+            except Exception as exc:  # the database away: the row goes stale, as a dead worker's would
+                log.warning("could not report this worker's status: %s", one_line(exc))
+            until.wait(interval_s)
+
+    thread = threading.Thread(target=loop, name="load-report", daemon=True)
+    thread.start()
+    return thread
