@@ -31,7 +31,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=6000)
     p.add_argument("--procs", type=int, default=2, help="worker processes of the launcher (1 torch thread each)")
-    p.add_argument("--new", default=str(ROOT / "checkpoints" / "base"), help="checkpoint published as new legal")
+    p.add_argument("--new", default=None, help="checkpoint published as new legal (default: legal with a retrained "
+                   "drafter, which validation passes: its `ar` outputs are legal's)")
     p.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/8")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hotswap.json"))
@@ -57,6 +58,12 @@ def main() -> None:
     redis.Redis.from_url(args.redis).flushdb()
     home = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-{db}"
     home.mkdir(parents=True)
+    if args.new is None:
+        from tests.checkpoints.garbage import retrained_drafter
+
+        new_dir = retrained_drafter(home / "legal-retrained", ROOT / "checkpoints" / "legal")
+    else:
+        new_dir = Path(args.new)
     env = {**os.environ, "YUE2_HOME": str(home), "YUE2_DATABASE_URL": db_url, "YUE2_BROKER_URL": args.redis,
            "YUE2_TORCH_THREADS": "1", "YUE2_DEFAULT_VARIANT": "legal", "YUE2_WORKER_READY_FILE": str(home / "ready")}
     os.environ.update({k: v for k, v in env.items() if k.startswith("YUE2_")})
@@ -97,7 +104,7 @@ def main() -> None:
         t_pub = time.monotonic()
         with sessions() as session:
             new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
-                                   directory=Path(args.new), variant="legal")
+                                   directory=new_dir, variant="legal")
         did = run_pass(settings, sessions, store, app)
         swap_s = time.monotonic() - t_pub
         done_at_swap = client.batch(batch)["request_counts"]["completed"]

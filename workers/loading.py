@@ -48,10 +48,12 @@ def load_with_backoff(load: Callable[[], Runner], *, what: str, attempts: int, b
         except Exception as exc:  # any failure to load is this worker's, reported the same way
             state.error = one_line(exc)
         if attempt == attempts:
-            log.error("cannot load %s (attempt %d of %d): %s; staying down", what, attempt, attempts, state.error)
+            log.error("cannot load %s (attempt %d of %d): %s; staying down until its active version changes "
+                      "(e.g. `yue2 checkpoints rollback`) or the worker is restarted", what, attempt, attempts,
+                      state.error)
             break
         wait = min(cap_s, backoff_s * 2 ** (attempt - 1))
-        log.error("cannot load %s (attempt %d of %d): %s; retrying in %.0fs", what, attempt, attempts, state.error,
+        log.error("cannot load %s (attempt %d of %d): %s; retrying in %.1fs", what, attempt, attempts, state.error,
                   wait)
         if state.stop.wait(wait):
             return None
@@ -64,8 +66,6 @@ def stay_down(load_active: Callable[[], tuple[str | None, Callable[[], Runner]]]
     runner when it loads) or a stop is asked for (None)."""
     state.down = True
     failed_version, _ = load_active()
-    log.error("%s is down: %s (the worker stays down until the active version changes, e.g. `yue2 checkpoints "
-              "rollback`, or it is restarted)", what, state.error)
     while not state.stop.wait(DOWN_CHECK_S):
         try:
             version, load = load_active()

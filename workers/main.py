@@ -325,6 +325,7 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
     from workers.tasks import register
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("botocore").setLevel(logging.WARNING)  # "Found credentials in ..." on every start
     node = name or f"{variant}-{os.getpid()}@{socket.gethostname()}"
     _warn_if_host_local(settings)
     sessions = session_factory(settings.resolved_database_url)

@@ -9,13 +9,12 @@ from typing import Any
 from sqlalchemy import update
 
 from tests.checkpoints.garbage import retrained_drafter
-from tests.checkpoints.test_registry import ROOT, copy_of, env, publish, validate  # noqa: F401 (env is a fixture)
+from tests.checkpoints.test_registry import ROOT, copy_of, publish, validate
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.watchdog import converge, live_workers
 from yue2_jobs.db.models import CheckpointState, WorkerProcess
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.jobs.capacity import STARTING
-
 
 LEGAL = ROOT / "checkpoints" / "legal"
 

@@ -17,34 +17,11 @@ from sqlalchemy.exc import IntegrityError
 from tests.checkpoints.garbage import retrained_drafter
 from yue2_jobs.checkpoints import registry
 from yue2_jobs.checkpoints.validate import validate_version
-from yue2_jobs.db.migrate import upgrade_head
 from yue2_jobs.db.models import CheckpointState, CheckpointVersion
-from yue2_jobs.db.session import session_factory
 from yue2_jobs.errors import ConflictError
 from yue2_jobs.model.checkpoint import MANIFEST, load_checkpoint, save_checkpoint, write_manifest
-from yue2_jobs.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class RecordingStore(LocalStorage):
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.order: list[str] = []
-
-    def put(self, key: str, data: bytes, *, content_type: str = "application/json") -> None:
-        self.order.append(key)
-        super().put(key, data, content_type=content_type)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade_head(url)
-    session = session_factory(url)()
-    store = RecordingStore(tmp_path / "store")
-    yield session, store, (tmp_path / "store").resolve().as_uri(), tmp_path
-    session.close()
 
 
 def copy_of(name: str, dest: Path) -> Path:
@@ -70,13 +47,14 @@ def validate(env: Any, row: CheckpointVersion, **overrides: Any) -> Path | None:
 
 
 def test_publish_uploads_the_manifest_last_and_registers_a_staged_version(env: Any) -> None:
-    session, store, url, tmp = env
+    _, store, url, _ = env
     row = publish(env, ROOT / "checkpoints" / "legal")
     assert row.state == CheckpointState.STAGED and len(row.version) == 12
     prefix = f"checkpoints/legal/{row.version}/"
     assert store.order[-1] == prefix + MANIFEST and len(store.order) >= 5
     assert row.uri == f"{url}/{prefix}"
-    assert (ROOT / "checkpoints" / "legal" / "model.safetensors").read_bytes() == store.get(prefix + "model.safetensors")
+    shipped = (ROOT / "checkpoints" / "legal" / "model.safetensors").read_bytes()
+    assert shipped == store.get(prefix + "model.safetensors")
     with pytest.raises(ConflictError, match="already published"):
         publish(env, ROOT / "checkpoints" / "legal")
 
@@ -190,7 +168,7 @@ def test_the_optional_rouge_gate_rejects_a_version_that_forgot_its_task(env: Any
     from yue2_jobs.checkpoints.validate import RougeGate
     from yue2_jobs.core.config import Settings
 
-    session, store, _, tmp = env
+    session, store, _, _ = env
     settings = Settings(home=tmp_path / "home", validation_min_rouge_l={"legal": 30})
     gate = RougeGate.for_variant(settings, "legal")
     assert gate == RougeGate(corpus="legal", minimum=30, items=16)

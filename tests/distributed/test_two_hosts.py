@@ -30,11 +30,12 @@ import httpx
 import pytest
 from sqlalchemy import func, select, text
 
+from tests.checkpoints.garbage import retrained_drafter
 from tests.distributed.conftest import Cluster, since, wait_until
 from tests.distributed.services import BUCKET
 from yue2_jobs.checkpoints.watchdog import watchdog_holder
 from yue2_jobs.client import Client
-from yue2_jobs.core.paths import CHECKPOINTS, DATA
+from yue2_jobs.core.paths import DATA
 from yue2_jobs.db.models import ApiKey, Job, JobStatus, WorkerProcess
 from yue2_jobs.db.session import as_utc, session_factory, utcnow
 from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
@@ -183,14 +184,17 @@ def _revocation_reaches_the_other_api(cluster: Cluster, sessions: Any) -> float:
     return refused_at[0] - as_utc(revoked_at).timestamp()
 
 
-def _publish_and_converge(cluster: Cluster, sessions: Any, pids: dict[str, int]) -> tuple[str, float, datetime]:
-    """A new base version (legal's weights, as a "retrained" base) while both hosts decode; both
-    base workers serve it without a restart. Returns its checkpoint name, seconds, and when."""
+def _publish_and_converge(cluster: Cluster, sessions: Any, pids: dict[str, int],
+                          tmp_path: Path) -> tuple[str, float, datetime]:
+    """A new base version (base with a retrained drafter, which validation passes) while both hosts
+    decode; both base workers serve it without a restart. Returns its checkpoint name, seconds, and when."""
+    retrained = retrained_drafter(tmp_path / "retrained-base")
     out = cluster.hosts["api"].run([sys.executable, "-m", "yue2_jobs", "checkpoints", "publish",
-                                    str(CHECKPOINTS / "legal"), "--variant", "base"], env=cluster.env("api"))
+                                    str(retrained), "--variant", "base"], env=cluster.env("api"))
     t0 = time.monotonic()
-    assert out.returncode == 0 and out.stdout.startswith("published base@"), out.stdout + out.stderr
-    want = out.stdout.split()[1]
+    published = [line for line in out.stdout.splitlines() if line.startswith("published base@")]
+    assert out.returncode == 0 and published, out.stdout + out.stderr
+    want = published[0].split()[1]
     live = wait_until(lambda: _when(_live(sessions), lambda w: all(n in w and w[n].checkpoint == want
                                                                    for n in (A_BASE, B_BASE))),
                       timeout=180, what=f"both base workers to serve {want}", cluster=cluster)
@@ -293,7 +297,7 @@ def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(
     wait_until(lambda: all(_by_worker(sessions, batch_id).get(n, 0) >= 20 for n in (A_BASE, B_BASE)),
                timeout=180, what="both hosts' base workers to finish some jobs", cluster=cluster)
     seed = {_live(sessions)[n].checkpoint for n in (A_BASE, B_BASE)}
-    new_version, converge_s, t_converged = _publish_and_converge(cluster, sessions, pids)
+    new_version, converge_s, t_converged = _publish_and_converge(cluster, sessions, pids, tmp_path)
     assert client.batch(batch_id)["status"] == "in_progress", "the batch ended before the swap: make it longer"
     failover_s = _reconciler_fails_over(cluster, sessions)
     b_done = _by_worker(sessions, batch_id).get(B_BASE, 0)

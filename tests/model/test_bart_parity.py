@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, BartForConditionalGeneration
+from tokenizers import Tokenizer, models
+from transformers import AutoModelForSeq2SeqLM, BartForConditionalGeneration, PreTrainedTokenizerFast
 
 from tests.tiny_models import MAX_NEW, generate
 from yue2_jobs.cli import main as cli_main
@@ -13,6 +14,16 @@ from yue2_jobs.model.convert import bart_from_yue2, yue2_from_bart
 
 def _hf_greedy(bart: BartForConditionalGeneration, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return bart.generate(input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=MAX_NEW)
+
+
+def _word_tokenizer(vocab_size: int, eos_id: int) -> PreTrainedTokenizerFast:
+    """A tokenizer of exactly `vocab_size` words whose special ids are the BART's own (its EOS is the token
+    `varied_bart` declares, not 2): convert-bart refuses a BART saved without one."""
+    names = ["<s>", "<pad>", "<x2>", "<unk>"] + [f"t{i}" for i in range(4, vocab_size)]
+    names[eos_id] = "</s>"
+    backend = Tokenizer(models.WordLevel({n: i for i, n in enumerate(names)}, unk_token="<unk>"))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
 
 
 def test_fixture_batch_ends_rows_at_different_steps(varied_bart, bart_batch):
@@ -55,6 +66,7 @@ def test_each_row_alone_matches_the_batch(varied_bart, bart_batch):
 def test_convert_bart_command_round_trips_through_auto_classes(varied_bart, bart_batch, tmp_path):
     src, dst = tmp_path / "bart", tmp_path / "yue2"
     varied_bart.save_pretrained(src)
+    _word_tokenizer(varied_bart.config.vocab_size, varied_bart.config.eos_token_id).save_pretrained(src)
     assert cli_main(["convert-bart", str(src), str(dst)]) == 0
     loaded = AutoModelForSeq2SeqLM.from_pretrained(dst)
     assert isinstance(loaded, Yue2ForConditionalGeneration)

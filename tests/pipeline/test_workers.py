@@ -108,5 +108,5 @@ def test_flower_lists_workers_and_counters_rise(client: Any, workers: Any, pipel
     finally:
         os.killpg(flower.pid, signal.SIGTERM)
         flower.wait(20)
-    # A worker busy with a batch answers inspect commands later; that is not a warning.
+    # A worker still loading answers inspect commands later; that is not a warning.
     assert "Inspect method" not in flower_log.read_text(), flower_log.read_text()[-3000:]

@@ -24,7 +24,7 @@ from yue2_jobs.api.revocations import start_listener
 from yue2_jobs.api.routes import batches, console, experiments, files, jobs, webhooks
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.safe import MAX_JSON_DEPTH
-from yue2_jobs.db.models import Job
+from yue2_jobs.db.models import CheckpointState, CheckpointVersion, Job
 from yue2_jobs.db.session import NO_SCHEMA, is_missing_schema, session_factory
 from yue2_jobs.errors import (
     AuthError,
@@ -134,6 +134,21 @@ def _unknown_route(path: str) -> str:
     return f"no route {path}; see /docs for the API's routes"
 
 
+def checkpoint_gauges(session: Any, versions: Gauge, refused: Gauge) -> None:
+    """The registry's versions by state, and why each variant's latest refused version was refused."""
+    versions.clear()
+    refused.clear()
+    for variant, state, n in session.execute(select(CheckpointVersion.variant, CheckpointVersion.state, func.count())
+                                             .group_by(CheckpointVersion.variant, CheckpointVersion.state)).all():
+        versions.labels(variant, state).set(n)
+    latest: set[str] = set()
+    for row in session.execute(select(CheckpointVersion).where(CheckpointVersion.state == CheckpointState.FAILED)
+                               .order_by(CheckpointVersion.created_at.desc())).scalars():
+        if row.variant not in latest:
+            latest.add(row.variant)
+            refused.labels(row.variant, row.version, (row.error or "")[:200]).set(1)
+
+
 def _stalled_text(variant: str, waiting: dict[str, Any]) -> str:
     # /healthz answers anyone: a worker's load error (paths, hosts) stays in its status row (`yue2 workers`).
     down = len(waiting.pop("workers_down"))
@@ -194,6 +209,11 @@ def create_app(settings: Settings) -> FastAPI:
     latency = Histogram("yue2_api_request_seconds", "API request latency", ["method", "route"], registry=registry,
                         buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10))
     jobs_by_status = Gauge("yue2_jobs", "Jobs in Postgres by status", ["status"], registry=registry)
+    versions = Gauge("yue2_checkpoint_versions", "Checkpoint versions by variant and state", ["variant", "state"],
+                     registry=registry)
+    refused = Gauge("yue2_checkpoint_validation_failed", "1 for the latest version of each variant that failed "
+                    "validation, with the reason (it never serves)", ["variant", "version", "reason"],
+                    registry=registry)
 
     app.add_middleware(MetricsMiddleware, requests=requests, latency=latency)
     app.add_middleware(BodyLimitMiddleware, json_limit=settings.max_request_bytes, file_limit=settings.max_file_bytes,
@@ -218,6 +238,7 @@ def create_app(settings: Settings) -> FastAPI:
         with app.state.yue2.sessions() as session:
             for status, n in session.execute(select(Job.status, func.count()).group_by(Job.status)).all():
                 jobs_by_status.labels(status).set(n)
+            checkpoint_gauges(session, versions, refused)
         return PlainTextResponse(generate_latest(registry).decode(), media_type=CONTENT_TYPE_LATEST)
 
     for routes in (jobs, files, batches, experiments, console):

@@ -177,10 +177,13 @@ def validate_dir(directory: Path, *, gate: Gate | None = None, expect_change: bo
     limits = gate.limits if gate is not None else Thresholds()
     inputs = gate.canary if gate is not None and gate.canary else list(SMOKE_PROMPTS)
     mine = gates.decode(session, inputs)
+    figures = [f"{mine.degenerate_share:.0%} of {len(inputs)} outputs degenerate"]
     serving = None
     if gate is not None and gate.serving_dir is not None:
-        serving = DecodeSession.load(gate.serving_dir, device="cpu", dtype="float32")
-    figures = [f"{mine.degenerate_share:.0%} of {len(inputs)} outputs degenerate"]
+        try:
+            serving = DecodeSession.load(gate.serving_dir, device="cpu", dtype="float32")
+        except Exception as exc:  # what serves is broken itself (the fix being published): judge alone
+            figures.append(f"the serving version {gate.serving_label} does not load ({type(exc).__name__})")
     try:
         _judge(session, serving, gate, mine, inputs, limits, figures, expect_change=expect_change,
                tokenizer_change=tokenizer_change)

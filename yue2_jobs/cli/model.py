@@ -12,11 +12,23 @@ from typing import Any
 from yue2_jobs.cli.common import add_decoding, decoding
 from yue2_jobs.core.paths import DATA
 
+CONVERT_BART_DESCRIPTION = (
+    "Import a local BART summariser as a YuE2 checkpoint. SRC is a directory written by transformers' "
+    "BartForConditionalGeneration.save_pretrained (with the tokenizer's save_pretrained beside it): config.json "
+    "with model_type 'bart', the weights as model.safetensors (pickle .bin files are refused), and the tokenizer "
+    "as tokenizer.json or vocab.json + merges.txt. Post-LayerNorm BART only, not mBART. SRC is refused, in one "
+    "line saying why, if any weight is missing, unexpected or of the wrong shape, or if the tokenizer does not "
+    "load, has more tokens than vocab_size or disagrees with config.json on the bos/eos/pad ids. DST (new, or "
+    "empty) gets the encoder and AR decoder with BART's weights exactly, the tokenizer, and a manifest; the draft "
+    "branch (NAR + confidence head) starts as a copy of the AR top layer: train it with `yue2 train-drafter`."
+)
+
 
 def _convert_bart(args: argparse.Namespace) -> None:
     from yue2_jobs.model.convert import convert_bart_checkpoint
 
-    print(f"wrote {convert_bart_checkpoint(args.src, args.dst)}")
+    # a refused source raises a CheckpointError: `yue2` prints its one line and exits 2
+    print(convert_bart_checkpoint(args.src, args.dst).message)
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -90,9 +102,12 @@ def _add_dtype(p: argparse.ArgumentParser) -> None:
 def add_commands(sub: Any, *, train_arguments: bool) -> None:
     """`train_arguments=False` leaves the train and train-drafter commands' options out: they come from
     the training modules, which import torch, and no other command need pay for it."""
-    p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory")
-    p.add_argument("src", help="a local BartForConditionalGeneration directory (config, weights, tokenizer)")
-    p.add_argument("dst", help="the YuE2 checkpoint directory to write")
+    p = sub.add_parser("convert-bart", help="import a local BartForConditionalGeneration directory",
+                       description=CONVERT_BART_DESCRIPTION)
+    p.add_argument("src", help="a local directory saved by BartForConditionalGeneration.save_pretrained and the "
+                               "tokenizer's save_pretrained: config.json (model_type bart), model.safetensors, "
+                               "tokenizer.json or vocab.json + merges.txt")
+    p.add_argument("dst", help="the YuE2 checkpoint directory to write (new, or empty)")
     p.set_defaults(func=_convert_bart)
 
     p = sub.add_parser("train", help="train (or fine-tune with --init) a checkpoint in three stages")

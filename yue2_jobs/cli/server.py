@@ -74,14 +74,15 @@ def _watchdog(args: argparse.Namespace) -> None:
     run(settings(), once=args.once)
 
 
-# A worker runs one micro-batch at a time (solo pool) and answers Flower's inspect commands
-# between batches: give it longer than Flower's 1 s default to finish one.
+# A worker answers Flower's inspect commands from its main thread, also mid-batch (the batch runs in
+# the threads pool's one thread); one still loading its model answers only once loaded: give it
+# longer than Flower's 1 s default.
 INSPECT_TIMEOUT_MS = 5000
 
 
 def _busy_worker_filter(record: logging.LogRecord) -> bool:
     """Drop Flower's "Inspect method X failed" for a command no worker answered in time: a worker
-    busy with a batch (or loading its model) answers later, and Flower keeps what it last said.
+    still loading its model answers later, and Flower keeps what it last said.
     A failure with a cause (a broker error) still logs."""
     return not (record.msg == "Inspect method %s failed" and len(record.args or ()) == 1)
 

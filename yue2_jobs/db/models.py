@@ -210,8 +210,8 @@ class CheckpointActivation(Base):
 
 class WorkerProcess(Base):
     """What each worker process serves, written by its heartbeat thread (which runs while the
-    process decodes, unlike Celery's remote control): how the watchdog finds the workers of a
-    variant and sees a swap finish."""
+    process decodes): how the watchdog finds the workers of a variant and sees a swap finish, and
+    why a worker is down."""
 
     __tablename__ = "worker_processes"
 
@@ -226,8 +226,8 @@ class WorkerProcess(Base):
     swap_state: Mapped[str | None] = mapped_column(String(16))  # loading | serving | failed
     swap_error: Mapped[str | None] = mapped_column(Text)
     # Written by the watchdog only: the version this worker should load next. The worker's report
-    # thread polls it, so the request reaches a worker in the middle of a long micro-batch (Celery
-    # remote control would wait for the micro-batch to end).
+    # thread polls it, so the request reaches a worker whatever it is doing (a row outlives a
+    # remote-control message, which reaches only the workers up at that moment).
     swap_request: Mapped[str | None] = mapped_column(String(64))
     # Set while the worker is down because it could not load its checkpoint (it serves nothing and
     # is not counted as live); the reason, one line.

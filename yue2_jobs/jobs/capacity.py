@@ -38,8 +38,8 @@ def stalled(session: Session, variants: Iterable[str]) -> dict[str, dict[str, ob
     missing = unserved(session, variants)
     if not missing:
         return {}
-    queued = dict(session.execute(select(Job.variant, func.count()).where(
-        Job.status == JobStatus.QUEUED, Job.variant.in_(missing)).group_by(Job.variant)).tuples().all())
+    queued: dict[str, int] = {v: n for v, n in session.execute(select(Job.variant, func.count()).where(
+        Job.status == JobStatus.QUEUED, Job.variant.in_(missing)).group_by(Job.variant)).all()}
     if not queued:
         return {}
     since = utcnow() - timedelta(seconds=LIVE_WITHIN_S)
