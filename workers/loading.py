@@ -29,24 +29,41 @@ def one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+# What `load_active` gives: the registry's active version (None: the starting directory) and a
+# function that loads it.
+LoadActive = Callable[[], tuple[str | None, Callable[[], Runner]]]
+
+
 @dataclass
 class LoadState:
     """What the status row says while the worker loads or is down (read by the report thread)."""
 
     error: str | None = None
+    version: str | None = None  # the version the last attempt tried
     down: bool = False
     stop: threading.Event = field(default_factory=threading.Event)
 
 
-def load_with_backoff(load: Callable[[], Runner], *, what: str, attempts: int, backoff_s: float, cap_s: float,
+def _attempt(load_active: LoadActive, state: LoadState) -> Runner | None:
+    """One try: read the active version, load it. The error, one line, stays in `state`."""
+    try:
+        state.version, load = load_active()
+        runner = load()
+    except Exception as exc:  # any failure to load is this worker's, reported the same way
+        state.error = one_line(exc)
+        return None
+    state.error = None
+    return runner
+
+
+def load_with_backoff(load_active: LoadActive, *, what: str, attempts: int, backoff_s: float, cap_s: float,
                       state: LoadState) -> Runner | None:
-    """`load()`, tried up to `attempts` times with waits of backoff_s, 2 x backoff_s, ... (at most
-    cap_s); None when every attempt failed or a stop was asked for."""
+    """The active version loaded, tried up to `attempts` times with waits of backoff_s, 2 x
+    backoff_s, ... (at most cap_s); None when every attempt failed or a stop was asked for."""
     for attempt in range(1, attempts + 1):
-        try:
-            return load()
-        except Exception as exc:  # any failure to load is this worker's, reported the same way
-            state.error = one_line(exc)
+        runner = _attempt(load_active, state)
+        if runner is not None:
+            return runner
         if attempt == attempts:
             log.error("cannot load %s (attempt %d of %d): %s; staying down until its active version changes "
                       "(e.g. `yue2 checkpoints rollback`) or the worker is restarted", what, attempt, attempts,
@@ -60,29 +77,25 @@ def load_with_backoff(load: Callable[[], Runner], *, what: str, attempts: int, b
     return None
 
 
-def stay_down(load_active: Callable[[], tuple[str | None, Callable[[], Runner]]], *, what: str,
-              state: LoadState) -> Runner | None:
-    """Wait, serving nothing, until the registry's active version changes (then try it once; the
-    runner when it loads) or a stop is asked for (None)."""
+def stay_down(load_active: LoadActive, *, what: str, state: LoadState, check_s: float = DOWN_CHECK_S) -> Runner | None:
+    """Wait, serving nothing, until the registry's active version is another than the one that
+    failed (then try it once; the runner when it loads) or a stop is asked for (None)."""
     state.down = True
-    failed_version, _ = load_active()
-    while not state.stop.wait(DOWN_CHECK_S):
+    failed = state.version
+    while not state.stop.wait(check_s):
         try:
-            version, load = load_active()
+            version, _ = load_active()
         except Exception as exc:  # the registry unreachable: look again later
             log.warning("%s: cannot read the active version: %s", what, one_line(exc))
             continue
-        if version == failed_version:
+        if version == failed:
             continue
-        failed_version = version
-        try:
-            runner = load()
-        except Exception as exc:
-            state.error = one_line(exc)
-            log.error("cannot load %s (active version %s): %s; staying down", what, version, state.error)
-            continue
-        state.down, state.error = False, None
-        return runner
+        runner = _attempt(load_active, state)
+        if runner is not None:
+            state.down = False
+            return runner
+        failed = state.version
+        log.error("cannot load %s (active version %s): %s; staying down", what, failed, state.error)
     return None
 
 

@@ -23,6 +23,7 @@ from workers.deliveries import HeldDeliveries
 from workers.protocol import Runner
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.session import session_factory
+from yue2_jobs.errors import CheckpointError
 from yue2_jobs.fonts.params import FONTS_VARIANT
 from yue2_jobs.jobs import dead_workers
 from yue2_jobs.jobs.reconciler import reconcile_once, reconciler_lock, sweep_abandoned_uploads
@@ -47,13 +48,19 @@ def load_runner(settings: Settings, variant: str, directory: Path | None = None)
 
 
 def version_directories(settings: Settings, variant: str) -> Any:
-    """A function giving any published version of `variant` as a local directory (fetched once)."""
+    """A function giving any published version of `variant` as a local directory: the configured
+    starting directory when the version is that one (registered as the variant's first version; a
+    host need not fetch what it has), else fetched from the store once."""
     from yue2_jobs.checkpoints.validate import download
+    from yue2_jobs.model.checkpoint import MANIFEST, directory_version
 
     store = storage_from_url(settings.resolved_checkpoint_store_url, endpoint_url=settings.s3_endpoint_url,
                              region=settings.s3_region)
+    seed = Path(settings.checkpoints[variant])
 
-    def directory_for(version: str) -> Path:
+    def directory_for(version: str, *, local: bool = True) -> Path:
+        if local and (seed / MANIFEST).is_file() and directory_version(seed) == version:
+            return seed
         return download(store, variant=variant, version=version, cache_dir=settings.resolved_checkpoint_cache_dir)
 
     return directory_for
@@ -80,14 +87,28 @@ def load_first_runner(settings: Settings, sessions: Any, *, variant: str, node: 
 
     def load_active() -> tuple[str | None, Any]:
         version = active_version(sessions, variant)
-        return version, lambda: load_runner(settings, variant, directory_for(version) if version else None)
+
+        def load() -> Runner:
+            if version is None:
+                return load_runner(settings, variant)
+            directory = directory_for(version)
+            try:
+                return load_runner(settings, variant, directory)
+            except CheckpointError:
+                if directory != Path(settings.checkpoints[variant]):
+                    raise
+                # the starting directory names this version but its files are not it: the store's copy
+                return load_runner(settings, variant, directory_for(version, local=False))
+
+        return version, load
 
     state, loaded = LoadState(), threading.Event()
     restore = stop_on_signals(state)
-    keep_reporting(sessions, name=node, variant=variant, state=state, interval_s=REPORT_INTERVAL_S, until=loaded)
+    reporter = keep_reporting(sessions, name=node, variant=variant, state=state, interval_s=REPORT_INTERVAL_S,
+                              until=loaded)
     what = f"variant {variant!r}"
     try:
-        runner = load_with_backoff(lambda: load_active()[1](), what=what, attempts=settings.worker_load_attempts,
+        runner = load_with_backoff(load_active, what=what, attempts=settings.worker_load_attempts,
                                    backoff_s=settings.worker_load_backoff_s, cap_s=settings.worker_restart_max_s,
                                    state=state)
         if runner is None and not state.stop.is_set():
@@ -95,6 +116,7 @@ def load_first_runner(settings: Settings, sessions: Any, *, variant: str, node: 
     finally:
         loaded.set()
         restore()
+    reporter.join(timeout=10)  # its last write lands before the serving worker's report thread writes the row
     return None if state.stop.is_set() else runner  # a stop asked for during a load that then succeeded
 
 
@@ -254,7 +276,7 @@ def claim_node_name(session: Any, node: str, *, variant: str) -> None:
             _refuse_if_live(row, node)
         mine = dict(variant=variant, checkpoint=f"{variant}@{STARTING}", weights_sha256=None, pid=os.getpid(),
                     pid_space=pid_space(), swap_version=None, swap_state=None, swap_error=None, swap_request=None,
-                    heartbeat_at=utcnow())
+                    load_error=None, heartbeat_at=utcnow())
         if row is None:
             session.add(WorkerProcess(name=node, **mine))
             try:

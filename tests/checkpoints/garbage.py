@@ -73,9 +73,24 @@ def nan_weight(dst: Path) -> Path:
     return save_checkpoint(model, tokenizer, dst)
 
 
+def broken_drafter(dst: Path) -> Path:
+    """Base's encoder and AR branch with random draft layers and a confidence head sure of every
+    draft: every `ar` output as base's, `hybrid_fast` garbage."""
+    model, tokenizer = load_checkpoint(BASE)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("nar_"):
+                p.normal_(0, 0.5)
+            elif name == "confidence_head.fc2.bias":
+                p.fill_(20.0)
+    return save_checkpoint(model, tokenizer, dst)
+
+
 GARBAGE: dict[str, Callable[[Path], Path]] = {
     "random weights": random_weights, "another tokenizer": other_tokenizer, "all EOS": all_eos,
     "one token repeated": one_token, "replacement characters": replacement_characters, "NaN weight": nan_weight,
+    "broken drafter": broken_drafter,
 }
 
 

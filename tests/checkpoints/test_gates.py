@@ -5,6 +5,7 @@ directory is a version, so rollback always has a target."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ REASONS = {
     "one token repeated": "e.g. one token repeated",
     "replacement characters": "e.g. mostly replacement characters",
     "NaN weight": "holds NaN or Inf values",
+    "broken drafter": "its drafter is broken: hybrid_fast outputs agree 0.0",
 }
 
 
@@ -51,6 +53,7 @@ def test_a_retrained_drafter_passes_and_says_with_what(env: Any, tmp_path: Path)
     good = publish(env, retrained_drafter(tmp_path / "good"), variant="base")
     assert validate(env, good) is not None
     assert "agreement 1.00, loss gap +0.00" in good.report and "0% of 16 outputs degenerate" in good.report
+    assert re.search(r"drafter: hybrid_fast agrees 0\.[6-9]\d with ar \(serving 0\.79\)", good.report), good.report
 
 
 def test_a_tokenizer_change_must_be_said_and_is_then_judged_on_its_outputs(env: Any, tmp_path: Path) -> None:

@@ -48,7 +48,8 @@ def conformance_api(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, ApiServ
     """The API on its own Redis database (flushed after), so no worker runs what it creates, with
     the stand-in resolver; its tenant's webhook endpoints are deleted after."""
     settings = make_settings(pipeline_env, broker_url=f"{pipeline_env['YUE2_BROKER_URL'].rsplit('/', 1)[0]}/{REDIS_DB}",
-                             webhook_allow_private=True)
+                             webhook_allow_private=True,
+                             health_stall_s=86400)  # runs no worker by design: its queued jobs are no outage
     tenant = f"t-{uuid.uuid4().hex[:8]}"
     patch = pytest.MonkeyPatch()
     patch.setattr(targets, "socket", _loopback_resolver())

@@ -40,6 +40,7 @@ from yue2_jobs.db.models import ApiKey, Job, JobStatus, WorkerProcess
 from yue2_jobs.db.session import as_utc, session_factory, utcnow
 from yue2_jobs.jobs.capacity import LIVE_WITHIN_S
 from yue2_jobs.jobs.reconciler import holder
+from yue2_jobs.model.checkpoint import verify_checkpoint_dir
 
 pytestmark = pytest.mark.slow
 LINES = 2000
@@ -326,13 +327,12 @@ def test_two_hosts_run_one_batch_through_a_swap_a_failover_and_a_dead_host(
     base_jobs = [j for j in jobs if j.variant == "base"]
     assert {j.checkpoint for j in base_jobs} == {*seed, new_version}  # the batch straddles the swap
     assert all(j.checkpoint == new_version for j in base_jobs if j.started_at and j.started_at > t_converged)
-    # Both hosts decoded with the new weights (legal's, published as base), not only named them.
-    legal_sha = {j.weights_sha256 for j in jobs if j.variant == "legal"}
-    assert len(legal_sha) == 1 and None not in legal_sha
+    # Both hosts decoded with the new weights (the retrained base's), not only named them.
+    new_sha = {verify_checkpoint_dir(tmp_path / "retrained-base")["model.safetensors"]["sha256"]}
     for node in (A_BASE, B_BASE):
         on_new = {j.weights_sha256 for j in base_jobs if j.worker == node and j.checkpoint == new_version}
-        assert on_new == legal_sha, (node, on_new)
-    assert not legal_sha & {j.weights_sha256 for j in base_jobs if j.checkpoint != new_version}
+        assert on_new == new_sha, (node, on_new)
+    assert not new_sha & {j.weights_sha256 for j in base_jobs if j.checkpoint != new_version}  # old ones before
 
     reruns = sum(1 for j in jobs if j.attempts > 1)
     figures = "\n".join([

@@ -31,16 +31,16 @@ from yue2_jobs.storage import storage_from_url
 
 @pytest.fixture
 def base_registry(settings: Any) -> Iterator[tuple[Any, Any, Any]]:
-    """(sessions, checkpoint store, Celery app); leaves no `base` version behind, or later tests'
+    """(sessions, checkpoint store, Celery app); leaves no version of any variant behind, or later tests'
     workers would load it instead of the seed."""
     app = make_celery(settings)
     app.conf.broker_pool_limit = 8
     yield session_factory(settings.resolved_database_url), storage_from_url(settings.resolved_checkpoint_store_url), app
-    with session_factory(settings.resolved_database_url)() as session:
-        session.execute(delete(CheckpointVersion).where(CheckpointVersion.variant == "base"))
-        session.execute(delete(CheckpointActivation).where(CheckpointActivation.variant == "base"))
+    with session_factory(settings.resolved_database_url)() as session:  # each pass also seeds legal
+        session.execute(delete(CheckpointVersion))
+        session.execute(delete(CheckpointActivation))
         session.commit()
-    shutil.rmtree(Path(settings.resolved_checkpoint_store_url.removeprefix("file://")) / "checkpoints" / "base",
+    shutil.rmtree(Path(settings.resolved_checkpoint_store_url.removeprefix("file://")) / "checkpoints",
                   ignore_errors=True)
 
 

@@ -15,7 +15,8 @@ from yue2_jobs.db import models_api  # noqa: F401  (its tables are part of Base.
 from yue2_jobs.db.migrate import alembic_config, upgrade_head
 from yue2_jobs.db.models import Base
 
-TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "experiments", "files", "jobs",
+TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "checkpoint_activations", "experiments",
+          "files", "jobs",
           "worker_processes", "idempotency_keys", "webhook_endpoints", "webhook_deliveries"}
 
 

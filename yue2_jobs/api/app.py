@@ -149,12 +149,14 @@ def checkpoint_gauges(session: Any, versions: Gauge, refused: Gauge) -> None:
             refused.labels(row.variant, row.version, (row.error or "")[:200]).set(1)
 
 
-def _stalled_text(variant: str, waiting: dict[str, Any]) -> str:
-    # /healthz answers anyone: a worker's load error (paths, hosts) stays in its status row (`yue2 workers`).
-    down = len(waiting.pop("workers_down"))
-    waiting["workers_down"] = down
-    return (f"variant {variant!r}: {waiting['queued']} job(s) queued and no live worker" +
-            (f" ({down} worker(s) down: they cannot load the checkpoint; `yue2 workers` says why)" if down else ""))
+def _stalled_public(waiting: dict[str, dict[str, Any]]) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """What /healthz says of stalled variants: counts only. It answers anyone, so a worker's load
+    error (paths, hosts) stays in its status row (`yue2 workers`)."""
+    counts = {v: {"queued": int(w["queued"]), "workers_down": len(w["workers_down"])} for v, w in waiting.items()}
+    problems = [f"variant {v!r}: {c['queued']} job(s) queued and no live worker" +
+                (f" ({c['workers_down']} worker(s) down: they cannot load the checkpoint; `yue2 workers` says why)"
+                 if c["workers_down"] else "") for v, c in counts.items()]
+    return counts, problems
 
 
 def _health(state: AppState) -> JSONResponse:
@@ -164,7 +166,7 @@ def _health(state: AppState) -> JSONResponse:
         with state.sessions() as session:
             session.execute(text("SELECT 1"))
             checks["variants_without_workers"] = unserved(session, state.settings.checkpoints)
-            waiting = stalled(session, state.settings.checkpoints)
+            waiting = stalled(session, state.settings.checkpoints, waiting_s=state.settings.health_stall_s)
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {NO_SCHEMA}" if is_missing_schema(exc) else f"error: {type(exc).__name__}"
@@ -189,8 +191,7 @@ def _health(state: AppState) -> JSONResponse:
     # that no live worker serves (none started, or each down on a checkpoint it cannot load) degrade.
     ok = all(checks[part] == "ok" for part in ("database", "broker", "storage"))
     if checks["database"] == "ok" and waiting:
-        checks["variants_stalled"] = waiting
-        checks["problems"] = [_stalled_text(v, w) for v, w in waiting.items()]
+        checks["variants_stalled"], checks["problems"] = _stalled_public(waiting)
         ok = False
     return JSONResponse({"status": "ok" if ok else "degraded", **checks}, 200 if ok else 503)
 

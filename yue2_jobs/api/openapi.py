@@ -37,6 +37,22 @@ ALL = tuple(WHY)
 OUTSIDE_V1 = {"/healthz": (413, 431, 503), "/metrics": (401, 404, 413, 431)}
 
 
+# /healthz's own body, with 200 (ok) and 503 (degraded): each part's state, and the variants whose
+# jobs wait with no live worker.
+HEALTH = {
+    "type": "object", "required": ["status", "database", "broker", "storage"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ok", "degraded"]},
+        "database": {"type": "string"}, "broker": {"type": "string"}, "storage": {"type": "string"},
+        "variants_without_workers": {"type": "array", "items": {"type": "string"}},
+        "variants_stalled": {"type": "object", "additionalProperties": {
+            "type": "object", "required": ["queued", "workers_down"],
+            "properties": {"queued": {"type": "integer"}, "workers_down": {"type": "integer"}}}},
+        "problems": {"type": "array", "items": {"type": "string"}},
+    },
+}
+
+
 def _error_response(code: int) -> dict[str, Any]:
     schema = {"$ref": "#/components/schemas/Error"}
     return {"description": WHY[code], "content": {"application/json": {"schema": schema}}}
@@ -114,6 +130,12 @@ def build(app: FastAPI) -> dict[str, Any]:
             for code in codes:
                 responses[str(code)] = _error_response(code)
             _narrow_parameters(operation)
+    health = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}}
+    components["Health"] = HEALTH
+    schema["paths"]["/healthz"]["get"]["responses"].update({
+        "200": {"description": "Every part answers, and no variant's jobs wait with no live worker.", **health},
+        "503": {"description": "Degraded: a part does not answer, or a variant's jobs have waited "
+                "YUE2_HEALTH_STALL_S with no live worker (`problems` says which).", **health}})
     # The routes check these in their own words; the document states the same rules.
     upload = components["Body_upload_file_v1_files_post"]["properties"]
     upload["purpose"] = {"type": "string", "enum": ["batch"], "title": "Purpose"}

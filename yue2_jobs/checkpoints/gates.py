@@ -6,6 +6,8 @@ replace (the serving one) where there is one:
 - `degenerate`: outputs that are empty, mostly U+FFFD replacement characters, one token over and
   over, or a short loop; a candidate fails when more of its outputs are degenerate than
   `Thresholds.max_degenerate` and than the serving version's;
+- `check_drafter`: the draft branch, which no `ar` output shows, must work about as well as the
+  serving version's (its `hybrid_fast` outputs against its own `ar` ones);
 - `compare_on_canary`: on inputs drawn from the variant's recent jobs, the candidate's greedy
   outputs must agree with the serving version's (mean ROUGE-L F1 >= `min_agreement`) and its loss
   on the serving version's outputs must be close to the serving version's own (gap <=
@@ -47,12 +49,14 @@ class Thresholds:
     max_loss_gap: float = 1.0
     max_degenerate: float = 0.25
     max_rouge_drop: float = 2.0
+    max_draft_drop: float = 0.25
 
     @classmethod
     def from_settings(cls, settings: Any) -> Thresholds:
         return cls(min_agreement=settings.validation_min_agreement, max_loss_gap=settings.validation_max_loss_gap,
                    max_degenerate=settings.validation_max_degenerate,
-                   max_rouge_drop=settings.validation_max_rouge_drop)
+                   max_rouge_drop=settings.validation_max_rouge_drop,
+                   max_draft_drop=settings.validation_max_draft_drop)
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
@@ -64,10 +68,15 @@ def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
     return {"size": len(vocab), "vocab_sha256": digest, "specials": specials}
 
 
-def tokenizer_difference(candidate: Any, serving: Any) -> str | None:
-    """None when the two tokenizers map text to the same ids, else what differs (one phrase)."""
+def tokenizer_difference(candidate: Any, serving: Any, texts: list[str]) -> str | None:
+    """None when the two tokenizers map text to the same ids (the same vocabulary and special
+    tokens, and the same ids for each of `texts`: merges and normalisation count too), else what
+    differs (one phrase)."""
     a, b = tokenizer_fingerprint(candidate), tokenizer_fingerprint(serving)
     if a == b:
+        for i, text in enumerate(texts):
+            if candidate(text)["input_ids"] != serving(text)["input_ids"]:
+                return f"the same vocabulary, but input {i} becomes other ids (other merges or normalisation)"
         return None
     if a["size"] != b["size"]:
         return f"a vocabulary of {a['size']} entries where the serving version's has {b['size']}"
@@ -105,13 +114,15 @@ class Decoded:
 
 
 @torch.inference_mode()
-def decode(session: DecodeSession, texts: list[str], *, max_new_tokens: int = CANARY_NEW_TOKENS) -> Decoded:
-    """Greedy AR outputs of `texts`, and each one's degeneration verdict."""
+def decode(session: DecodeSession, texts: list[str], *, max_new_tokens: int = CANARY_NEW_TOKENS,
+           mode: str = "ar") -> Decoded:
+    """Greedy outputs of `texts` (`ar`; `hybrid_fast` to judge the drafter), and each one's
+    degeneration verdict."""
     tokenizer = session.tokenizer
     assert tokenizer is not None
     special = set(tokenizer.all_special_ids)
     enc = tokenizer(texts, truncation=True, max_length=session.max_input_tokens, padding=True, return_tensors="pt")
-    out = session.generate(enc["input_ids"], enc["attention_mask"], mode="ar", max_new_tokens=max_new_tokens)
+    out = session.generate(enc["input_ids"], enc["attention_mask"], mode=mode, max_new_tokens=max_new_tokens)
     ids = [[t for t in row if t not in special] for row in out.sequences.tolist()]
     outputs = [t.strip() for t in tokenizer.batch_decode(out.sequences, skip_special_tokens=True)]
     return Decoded(outputs, [degenerate(t, i) for t, i in zip(outputs, ids, strict=True)])
@@ -129,6 +140,33 @@ def loss_on(session: DecodeSession, inputs: list[str], targets: list[str]) -> fl
     return float(loss) if loss is not None else float("nan")
 
 
+def agreement(outputs: list[str], references: list[str]) -> float:
+    """Mean ROUGE-L F1 of `outputs` against `references` (an identical pair counts 1, even one
+    with no word for ROUGE to see)."""
+    scores = pair_scores(outputs, references)
+    return sum(1.0 if o == r else s["rougeL"] for o, r, s in zip(outputs, references, scores, strict=True)) / max(
+        1, len(outputs))
+
+
+def check_drafter(candidate: DecodeSession, serving: DecodeSession, inputs: list[str], *, candidate_ar: Decoded,
+                  serving_ar: Decoded, limits: Thresholds, expect_change: bool) -> tuple[float, float]:
+    """The draft branch, which `ar` never runs: `hybrid_fast` commits its drafts unverified, so its
+    outputs against the same model's `ar` ones tell a working drafter from a broken one (base's
+    and legal's on their own inputs: 0.72-0.79; legal's on base's: 0.43; random draft weights:
+    under 0.05). The candidate fails when it is both under `min_agreement` and more than
+    `max_draft_drop` under the serving version's (a converted model's untrained drafter serves the
+    same way before and after); with an expected change, which may well be another domain than the
+    canary's, when it is more than `max_draft_drop` under `min_agreement`. Returns both."""
+    mine = agreement(decode(candidate, inputs, mode="hybrid_fast").texts, candidate_ar.texts)
+    theirs = agreement(decode(serving, inputs, mode="hybrid_fast").texts, serving_ar.texts)
+    floor = limits.min_agreement - limits.max_draft_drop if expect_change else theirs - limits.max_draft_drop
+    if mine < limits.min_agreement and mine < floor:
+        raise CheckpointSmokeTestError(
+            f"its drafter is broken: hybrid_fast outputs agree {mine:.2f} with its own ar outputs, the serving "
+            f"version's {theirs:.2f} (needs >= {limits.min_agreement:.2f} or >= {floor:.2f})")
+    return mine, theirs
+
+
 @dataclass(frozen=True)
 class Canary:
     items: int
@@ -142,11 +180,11 @@ class Canary:
 def compare_on_canary(candidate: DecodeSession, serving: DecodeSession, inputs: list[str], *,
                       serving_out: Decoded, candidate_out: Decoded, limits: Thresholds) -> Canary:
     """Raise when the candidate strays from the serving version on `inputs`; else its figures."""
-    agreement = sum(s["rougeL"] for s in pair_scores(candidate_out.texts, serving_out.texts)) / len(inputs)
+    agreed = agreement(candidate_out.texts, serving_out.texts)
     targets = [t if t else "." for t in serving_out.texts]  # an empty target would teach nothing
     gap = loss_on(candidate, inputs, targets) - loss_on(serving, inputs, targets)
-    result = Canary(len(inputs), agreement, gap)
-    if not (gap == gap) or agreement < limits.min_agreement or gap > limits.max_loss_gap:  # gap != gap: NaN
+    result = Canary(len(inputs), agreed, gap)
+    if not (gap == gap) or agreed < limits.min_agreement or gap > limits.max_loss_gap:  # gap != gap: NaN
         raise CheckpointSmokeTestError(
             f"strays from the serving version: {result.describe()} (needs agreement >= {limits.min_agreement:.2f} "
             f"and loss gap <= {limits.max_loss_gap:.2f}); publish with --expect-change if it is meant to decode "

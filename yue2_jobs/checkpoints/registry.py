@@ -15,6 +15,7 @@ and every activation is logged in `checkpoint_activations` (`yue2 checkpoints hi
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from yue2_jobs.model.checkpoint import MANIFEST, manifest_version
 from yue2_jobs.storage import Storage
 
 PREFIX = "checkpoints"
+log = logging.getLogger("yue2.checkpoints")
 
 
 def version_prefix(variant: str, version: str) -> str:
@@ -91,8 +93,10 @@ def ensure_seed(session: Session, *, store: Storage, store_url: str, variant: st
     """Register the directory `variant` starts from as a version of it, once, so that rollback always
     has a target. With no active version it becomes the active one (it is what the workers serve);
     when another version is already active (a deployment from before seeds were registered), it is
-    recorded as the version that served before the first activation. None when the directory has
-    no manifest (it cannot be a version) or is already registered."""
+    recorded as the version that served before the first activation. A starting directory that
+    changed after its first registration is staged like a publish (validated against the serving
+    version), not put in service. None when the directory has no manifest (it cannot be a version)
+    or is already registered."""
     manifest_path = directory / MANIFEST
     if not manifest_path.is_file():
         return None
@@ -105,16 +109,24 @@ def ensure_seed(session: Session, *, store: Storage, store_url: str, variant: st
     if find(session, variant=variant, version=version) is not None:  # another process registered it meanwhile
         return None
     now, current = utcnow(), active(session, variant)
+    seeded_before = session.execute(select(CheckpointVersion.id).where(
+        CheckpointVersion.variant == variant, CheckpointVersion.source.like("seed %")).limit(1)).scalar()
     first = session.execute(select(CheckpointVersion.created_at).where(CheckpointVersion.variant == variant)
                             .order_by(CheckpointVersion.created_at).limit(1)).scalar()
     row = CheckpointVersion(id=f"ckpt_{secrets.token_hex(8)}", variant=variant, version=version,
-                            uri=store_url.rstrip("/") + "/" + prefix, manifest_sha256=sha, created_at=first or now,
-                            validated_at=now, source=f"seed {directory}", report="the variant's starting directory")
-    if current is None:
-        row.state, row.activated_at = CheckpointState.ACTIVE, now
+                            uri=store_url.rstrip("/") + "/" + prefix, manifest_sha256=sha, created_at=now,
+                            source=f"seed {directory}")
+    if seeded_before is not None:
+        log.warning("the starting directory of %s (%s) changed since it was registered: staged as %s@%s, to be "
+                    "validated against the serving version like a publish", variant, directory, variant, version)
+        row.state = CheckpointState.STAGED
+    elif current is None:
+        row.state, row.activated_at, row.validated_at = CheckpointState.ACTIVE, now, now
+        row.report = "the variant's starting directory"
         session.add(CheckpointActivation(variant=variant, version=version, how="seed", started_at=now))
     else:
         # It served from the start until the active version's first activation.
+        row.created_at, row.validated_at, row.report = first or now, now, "the variant's starting directory"
         row.state, row.activated_at, row.retired_at = CheckpointState.RETIRED, first or now, current.activated_at
         session.add(CheckpointActivation(variant=variant, version=version, how="seed", started_at=first or now,
                                          ended_at=current.activated_at or now))
@@ -183,6 +195,10 @@ def finish_validation(session: Session, row: CheckpointVersion, *, error: str | 
     if error is None:
         row.validated_at = utcnow()
     else:
+        if row.state == CheckpointState.ACTIVE:  # failed while serving (workers could not load it)
+            session.execute(update(CheckpointActivation).where(
+                CheckpointActivation.variant == row.variant, CheckpointActivation.version == row.version,
+                CheckpointActivation.ended_at.is_(None)).values(ended_at=utcnow()))
         row.state, row.error = CheckpointState.FAILED, error
     session.commit()
 

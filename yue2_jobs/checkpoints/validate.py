@@ -32,7 +32,8 @@ from yue2_jobs.checkpoints.registry import finish_validation, start_validation, 
 from yue2_jobs.db.models import CheckpointVersion, Job, JobStatus
 from yue2_jobs.decode.params import DecodingParams
 from yue2_jobs.decode.session import DecodeSession
-from yue2_jobs.errors import CheckpointSmokeTestError
+from yue2_jobs.errors import CheckpointError, CheckpointFileMissingError, CheckpointSmokeTestError
+from yue2_jobs.model.checkpoint import MANIFEST
 from yue2_jobs.storage import Storage
 
 SMOKE_PROMPTS = (
@@ -73,15 +74,22 @@ class RougeGate:
 
 
 def download(store: Storage, *, variant: str, version: str, cache_dir: Path) -> Path:
-    """A local copy of a version (fetched once; the directory appears only when complete)."""
+    """A local copy of a version (fetched once; the directory appears only when complete: its
+    manifest among its files, so a store that lacks the version leaves no empty copy behind)."""
     target = cache_dir / variant / version
-    if target.is_dir():
+    if (target / MANIFEST).is_file():
         return target
     prefix = version_prefix(variant, version)
+    keys = store.list_keys(prefix)
+    if prefix + MANIFEST not in keys:
+        raise CheckpointFileMissingError(f"the checkpoint store has no {variant}@{version} (no {prefix}{MANIFEST}); "
+                                         "is every host's YUE2_CHECKPOINT_STORE_URL the same store?",
+                                         path=prefix + MANIFEST)
+    shutil.rmtree(target, ignore_errors=True)  # a copy without its manifest (left by an older version of this code)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{version}-"))
     try:
-        for key in store.list_keys(prefix):
+        for key in keys:
             path = tmp / key[len(prefix):]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(store.get(key))
@@ -182,7 +190,7 @@ def validate_dir(directory: Path, *, gate: Gate | None = None, expect_change: bo
     if gate is not None and gate.serving_dir is not None:
         try:
             serving = DecodeSession.load(gate.serving_dir, device="cpu", dtype="float32")
-        except Exception as exc:  # what serves is broken itself (the fix being published): judge alone
+        except CheckpointError as exc:  # what serves is broken itself (the fix being published): judge alone
             figures.append(f"the serving version {gate.serving_label} does not load ({type(exc).__name__})")
     try:
         _judge(session, serving, gate, mine, inputs, limits, figures, expect_change=expect_change,
@@ -207,7 +215,7 @@ def _judge(session: DecodeSession, serving: DecodeSession | None, gate: Gate | N
         figures.append("no serving version to compare with")
         return
     assert serving.tokenizer is not None
-    differs = tokenizer_difference(session.tokenizer, serving.tokenizer)
+    differs = tokenizer_difference(session.tokenizer, serving.tokenizer, inputs)
     if differs is not None and not tokenizer_change:
         raise CheckpointSmokeTestError(f"its tokenizer is not the serving version's ({gate.serving_label}): {differs}; "
                                        "publish with --tokenizer-change if that is intended")
@@ -225,6 +233,9 @@ def _judge(session: DecodeSession, serving: DecodeSession | None, gate: Gate | N
                        f"(serving {gate.serving_label}: {old:.2f})")
     else:
         figures.append("expected change: the variant has no eval set to score it on")
+    drafts = gates.check_drafter(session, serving, inputs, candidate_ar=mine, serving_ar=theirs, limits=limits,
+                                 expect_change=expect_change)
+    figures.append(f"drafter: hybrid_fast agrees {drafts[0]:.2f} with ar (serving {drafts[1]:.2f})")
     if differs is not None:
         figures.append(f"tokenizer changed: {differs}")
 

@@ -96,8 +96,9 @@ def _activate(args: argparse.Namespace) -> None:
 
 
 def _rollback(args: argparse.Namespace) -> None:
-    _, session, _ = _context()
+    s, session, store = _context()
     with session:
+        _seed(s, session, store, args.variant)  # a deployment no watchdog pass has seeded yet
         row = registry.rollback(session, args.variant)
         print(f"rolled back: {row.variant}@{row.version} is active again")
 

@@ -126,6 +126,9 @@ class Settings(BaseSettings):
     worker_procs: int = Field(1, ge=1, description="Worker processes on a host without GPUs (they split the cores).")
     worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts "
                                         "(and between two attempts to load a worker's checkpoint).")
+    health_stall_s: float = Field(
+        60.0, ge=0, description="/healthz answers 503 for a variant whose jobs have been queued this long with no "
+        "live worker (none started, or each down on a checkpoint it cannot load).")
     worker_load_attempts: int = Field(
         5, ge=1, le=100, description="Attempts a worker makes to load its checkpoint at start (one log line each) "
         "before it stays down, its reason in its status row, until the variant's active version changes.")
@@ -172,6 +175,9 @@ class Settings(BaseSettings):
     validation_max_degenerate: float = Field(
         0.25, ge=0, le=1, description="Largest share of a new version's outputs that may be empty, mostly replacement "
         "characters, one token repeated or a short loop (and no more than the serving version's).")
+    validation_max_draft_drop: float = Field(
+        0.25, ge=0, le=1, description="How far a new version's drafter may fall under the serving version's (the "
+        "agreement of its hybrid_fast outputs with its own ar outputs) while under `validation_min_agreement`.")
     validation_max_rouge_drop: float = Field(
         2.0, ge=0, description="With --expect-change: most ROUGE-L points (x 100) a new version may fall under the "
         "serving version on the variant's eval set.")

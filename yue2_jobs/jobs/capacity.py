@@ -32,14 +32,17 @@ def unserved(session: Session, variants: Iterable[str]) -> list[str]:
     return sorted(wanted - live_variants(session)) if wanted else []
 
 
-def stalled(session: Session, variants: Iterable[str]) -> dict[str, dict[str, object]]:
-    """Variants with queued jobs and no live worker: how many wait, and why each of their workers
-    that reports is down (a checkpoint it cannot load). What /healthz calls degraded."""
+def stalled(session: Session, variants: Iterable[str], *, waiting_s: float) -> dict[str, dict[str, object]]:
+    """Variants with jobs queued for over `waiting_s` and no live worker: how many wait, and why each
+    of their workers that reports is down (a checkpoint it cannot load). What /healthz calls
+    degraded (the wait: workers that are starting are not an outage)."""
     missing = unserved(session, variants)
     if not missing:
         return {}
+    since = utcnow() - timedelta(seconds=waiting_s)
     queued: dict[str, int] = {v: n for v, n in session.execute(select(Job.variant, func.count()).where(
-        Job.status == JobStatus.QUEUED, Job.variant.in_(missing)).group_by(Job.variant)).all()}
+        Job.status == JobStatus.QUEUED, Job.variant.in_(missing), Job.created_at <= since)
+        .group_by(Job.variant)).all()}
     if not queued:
         return {}
     since = utcnow() - timedelta(seconds=LIVE_WITHIN_S)
