@@ -18,9 +18,10 @@ CONVERT_BART_DESCRIPTION = (
     "with model_type 'bart', the weights as model.safetensors (pickle .bin files are refused), and the tokenizer "
     "as tokenizer.json or vocab.json + merges.txt. Post-LayerNorm BART only, not mBART. SRC is refused, in one "
     "line saying why, if any weight is missing, unexpected or of the wrong shape, or if the tokenizer does not "
-    "load, has more tokens than vocab_size or disagrees with config.json on the bos/eos/pad ids. DST (new, or "
-    "empty) gets the encoder and AR decoder with BART's weights exactly, the tokenizer, and a manifest; the draft "
-    "branch (NAR + confidence head) starts as a copy of the AR top layer: train it with `yue2 train-drafter`."
+    "load, has tokens beyond vocab_size (other than special ones like bart-large-cnn's <mask>, which are dropped, "
+    "and said) or disagrees with config.json on the bos/eos/pad ids. DST (new, or empty) gets the encoder and AR "
+    "decoder with BART's weights exactly, the tokenizer, and a manifest; the draft branch is untrained (NAR layers "
+    "copied from the AR top layers, slot embeddings and confidence head fresh): train it with `yue2 train-drafter`."
 )
 
 
