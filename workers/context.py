@@ -35,6 +35,9 @@ class WorkerContext:
     # replace `runner`, so the switch falls between micro-batches (workers.swap).
     swap_lock: threading.Lock = field(default_factory=threading.Lock)
     swap_status: dict[str, Any] = field(default_factory=dict)
+    # Taken to decide whether to start a load: the status-report thread (the watchdog's request in the
+    # worker's row) and Celery's remote control (`yue2_swap`, answered mid-batch too) ask at once.
+    swap_start_lock: threading.Lock = field(default_factory=threading.Lock)
     pending_runner: Runner | None = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
     report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
 

@@ -62,19 +62,23 @@ def swap_request(session: Any, *, name: str) -> str | None:
 
 
 def start_swap(ctx: Any, *, variant: str, version: str, directory_for: Any) -> dict[str, Any]:
-    """Begin loading `variant@version` in the background unless it is served, loading or failed."""
+    """Begin loading `variant@version` in the background unless it is served, loading or failed.
+    The check and the start are one step under `swap_start_lock`: two callers asking at once (the
+    status-report thread and remote control) start one load."""
     if variant != ctx.runner.variant:
         return {"ignored": f"this worker serves {ctx.runner.variant}"}
-    if ctx.runner.checkpoint == f"{variant}@{version}":
-        return {"ok": "already serving", **current_status(ctx)}
-    state = ctx.swap_status.get("state")
-    if state == "loading" or ctx.pending_runner is not None:
-        return {"busy": f"still loading {ctx.swap_status.get('version')}"}
-    if state == "failed" and ctx.swap_status.get("version") == version:
-        return {"failed": ctx.swap_status.get("error")}  # the watchdog has been told; do not retry in a loop
-    ctx.swap_status.update(version=version, state="loading", error=None)
-    threading.Thread(target=load_and_swap, kwargs={"ctx": ctx, "version": version, "directory_for": directory_for},
-                     name="yue2-swap", daemon=True).start()
+    with ctx.swap_start_lock:
+        if ctx.runner.checkpoint == f"{variant}@{version}":
+            return {"ok": "already serving", **current_status(ctx)}
+        state = ctx.swap_status.get("state")
+        if state == "loading" or ctx.pending_runner is not None:
+            return {"busy": f"still loading {ctx.swap_status.get('version')}"}
+        if state == "failed" and ctx.swap_status.get("version") == version:
+            return {"failed": ctx.swap_status.get("error")}  # the watchdog has been told; do not retry in a loop
+        ctx.swap_status.update(version=version, state="loading", error=None)
+        threading.Thread(target=load_and_swap, kwargs={"ctx": ctx, "version": version,
+                                                      "directory_for": directory_for},
+                         name="yue2-swap", daemon=True).start()
     return {"ok": "loading", **current_status(ctx)}
 
 
