@@ -165,8 +165,9 @@ def _health(state: AppState) -> JSONResponse:
     try:
         with state.sessions() as session:
             session.execute(text("SELECT 1"))
-            checks["variants_without_workers"] = unserved(session, state.settings.checkpoints)
-            waiting = stalled(session, state.settings.checkpoints, waiting_s=state.settings.health_stall_s)
+            missing = unserved(session, state.settings.checkpoints)
+            checks["variants_without_workers"] = missing
+            waiting = stalled(session, missing, waiting_s=state.settings.health_stall_s)
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {NO_SCHEMA}" if is_missing_schema(exc) else f"error: {type(exc).__name__}"

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from yue2_jobs.checkpoints import gates
 from yue2_jobs.checkpoints.gates import Thresholds, tokenizer_difference
-from yue2_jobs.checkpoints.registry import finish_validation, start_validation, version_prefix
+from yue2_jobs.checkpoints.registry import active, finish_validation, start_validation, version_prefix
 from yue2_jobs.db.models import CheckpointVersion, Job, JobStatus
 from yue2_jobs.decode.params import DecodingParams
 from yue2_jobs.decode.session import DecodeSession
@@ -130,8 +130,6 @@ def gate_for(session: Session, *, settings: Any, store: Storage, variant: str) -
     """The gate a new version of `variant` must pass: against its active version (else the
     directory it starts from), on `validation_canary_items` inputs of its recent jobs, topped up
     from its eval set and the smoke prompts."""
-    from yue2_jobs.checkpoints.registry import active
-
     current = active(session, variant)
     serving_dir: Path | None
     if current is not None:

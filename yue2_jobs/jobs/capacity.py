@@ -32,11 +32,11 @@ def unserved(session: Session, variants: Iterable[str]) -> list[str]:
     return sorted(wanted - live_variants(session)) if wanted else []
 
 
-def stalled(session: Session, variants: Iterable[str], *, waiting_s: float) -> dict[str, dict[str, object]]:
-    """Variants with jobs queued for over `waiting_s` and no live worker: how many wait, and why each
-    of their workers that reports is down (a checkpoint it cannot load). What /healthz calls
-    degraded (the wait: workers that are starting are not an outage)."""
-    missing = unserved(session, variants)
+def stalled(session: Session, missing: list[str], *, waiting_s: float) -> dict[str, dict[str, object]]:
+    """Of `missing` (variants no live worker serves: `unserved`), those with jobs queued for over
+    `waiting_s`: how many wait, and why each of their workers that reports is down (a checkpoint it
+    cannot load). What /healthz calls degraded (the wait: workers that are starting are not an
+    outage)."""
     if not missing:
         return {}
     since = utcnow() - timedelta(seconds=waiting_s)
