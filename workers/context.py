@@ -1,52 +1,58 @@
-"""What a worker process holds while it runs: settings, connections, its runner, its live claims."""
+"""What a worker process holds while it runs: settings, connections, its runtime, the serving
+runner (through its hot swap), its live claims."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from workers.metrics import WorkerMetrics
 from workers.protocol import Runner, engine_runner
+from workers.runtime import WorkerRuntime
+from workers.swap import HotSwap
 from workers.uploader import Uploader
 from yue2_jobs.core.config import Settings
 from yue2_jobs.jobs.state import ClaimedJob
 from yue2_jobs.storage import Storage
 
 
-@dataclass
 class WorkerContext:
-    settings: Settings
-    sessions: sessionmaker[Session]
-    storage: Storage
-    runner: Runner
-    name: str
-    claims: dict[str, str] = field(default_factory=dict)  # job id -> claim token, renewed by the heartbeat
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
-    recorder: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "yue2-record"))
-    uploader: Uploader | None = None
-    metrics: WorkerMetrics | None = None
-    # Held by each micro-batch from its first claim to its last record; a hot swap takes it to
-    # replace `runner`, so the switch falls between micro-batches (workers.swap).
-    swap_lock: threading.Lock = field(default_factory=threading.Lock)
-    swap_status: dict[str, Any] = field(default_factory=dict)
-    # Taken to decide whether to start a load: the status-report thread (the watchdog's request in the
-    # worker's row) and Celery's remote control (`yue2_swap`, answered mid-batch too) ask at once.
-    swap_start_lock: threading.Lock = field(default_factory=threading.Lock)
-    pending_runner: Runner | None = None  # a hot swap's loaded runner, until the decode loop adopts it (workers.swap)
-    report_now: threading.Event = field(default_factory=threading.Event)  # wakes the status reporter
+    """One worker process's shared state. Every thread it has is its `runtime`'s; every field is
+    set here and only `claims` (under `lock`) and the swap (under its own lock) change later.
 
-    def __post_init__(self) -> None:
-        if self.uploader is None:
-            self.uploader = Uploader(self.settings, self.storage)
-        if self.metrics is None:
-            er = engine_runner(self.runner)
-            self.metrics = WorkerMetrics(worker=self.name, max_rows=er.engine.max_rows if er and er.engine else 1)
+    `load(version)`: a runner for another version of the variant (None: no hot swap)."""
+
+    def __init__(self, *, settings: Settings, sessions: sessionmaker[Session], storage: Storage, runner: Runner,
+                 name: str, runtime: WorkerRuntime | None = None, load: Callable[[str], Runner] | None = None,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.settings, self.sessions, self.storage, self.name = settings, sessions, storage, name
+        self.runtime = runtime or WorkerRuntime()
+        er = engine_runner(runner)
+        self.metrics = metrics or WorkerMetrics(worker=name, max_rows=er.engine.max_rows if er and er.engine else 1)
+        self.claims: dict[str, str] = {}  # job id -> claim token, renewed by the heartbeat
+        self.lock = threading.Lock()  # `claims`
+        # Recording a slice's results (S3 PUTs, one UPDATE) overlaps decoding of the next slice.
+        self._recorder = self.runtime.thread_pool("yue2-record", 1)
+        self.uploader = Uploader(settings, storage, runtime=self.runtime)
+        self.report_now = threading.Event()  # wakes the status report: a swap's transition is written at once
+        self.swap = HotSwap(runner, load=load, spawn=self.runtime.spawn, on_change=self.report_now.set,
+                            on_adopt=self._adopted)
+
+    @property
+    def runner(self) -> Runner:
+        """The runner serving now (a hot swap replaces it between groups of jobs)."""
+        return self.swap.serving
+
+    @property
+    def recorder(self) -> Executor:
+        return self._recorder.executor
+
+    def _adopted(self, runner: Runner) -> None:
+        self.metrics.checkpoint_event("swap", runner.checkpoint)
+        self.metrics.runner_loaded(runner)
 
     def hold(self, rows: list[ClaimedJob]) -> None:
         """Claims the heartbeat renews from now on."""
@@ -59,5 +65,3 @@ class WorkerContext:
         with self.lock:
             for job_id in job_ids:
                 self.claims.pop(job_id, None)
-
-

@@ -11,9 +11,12 @@ pruned once it has left `unacked` (acknowledged); a stale tag only costs a looku
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from yue2_jobs.queue import UNACKED, held_key
+
+if TYPE_CHECKING:
+    import redis
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +26,7 @@ class HeldDeliveries:
 
     def __init__(self, broker_url: str, node: str) -> None:
         self.key = held_key(node)
-        self.client: Any = None
+        self.client: redis.Redis | None = None
         if broker_url.startswith(("redis://", "rediss://")):
             import redis
 
@@ -61,7 +64,7 @@ class HeldDeliveries:
         from celery.signals import task_received
 
         @task_received.connect(weak=False)
-        def _noted(request: Any = None, **_: Any) -> None:
+        def _noted(request: object = None, **_: object) -> None:  # Celery passes its Request, untyped
             tag = getattr(getattr(request, "message", None), "delivery_tag", None)
             if tag is not None:
                 self.received(str(tag))

@@ -12,7 +12,6 @@ from workers.job_io import JobInput, JobOutput
 from workers.micro_batch import MicroBatch
 from workers.protocol import EngineRunner, engine_runner
 from workers.record import load_inputs
-from workers.swap import adopt_pending
 from yue2_jobs.decode.continuous import ContinuousBatcher
 from yue2_jobs.jobs.state import ClaimedJob
 
@@ -78,16 +77,16 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
     fin = _Finished()
     decode_s = 0.0
     while todo or engine.has_work():
-        if ctx.pending_runner is not None and not engine.has_work():
+        if ctx.swap.pending and not engine.has_work():
             # A hot swap: the old engine has drained (nothing was admitted to it meanwhile).
             if fin.done:
                 fin.flush(batch, runner)
-            adopt_pending(ctx)
+            ctx.swap.adopt()
             runner, engine = _engine_of(ctx)
         # Only while its own jobs are still to start: then the engine drains and the micro-batch ends.
-        if share is not None and todo and ctx.pending_runner is None and (others := share.due()):
+        if share is not None and todo and not ctx.swap.pending and (others := share.due()):
             decode_s += _admit_group(ctx, batch, others, runner, engine, fin, first=True)
-        while todo and len(engine.waiting) < engine.max_rows and ctx.pending_runner is None:
+        while todo and len(engine.waiting) < engine.max_rows and not ctx.swap.pending:
             decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin)
         t0 = time.perf_counter()
         results = engine.step()

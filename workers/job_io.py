@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from yue2_jobs.decode.params import DecodingParams
-from yue2_jobs.jobs.params import LongInput
+from yue2_jobs.jobs.params import DEFAULT_LONG_INPUT, LongInput
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class JobInput:
     text: str
     params: dict[str, Any]
     decoding: DecodingParams | None = None  # None: not a text job
-    long_input: LongInput = "truncate"
+    long_input: LongInput = DEFAULT_LONG_INPUT
 
     def __post_init__(self) -> None:
         if (self.decoding is None) != (self.kind == "render_font"):
@@ -35,7 +35,7 @@ class JobInput:
         if kind == "render_font":
             return cls(id=id, kind=kind, text=text, params=params)
         return cls(id=id, kind=kind, text=text, params=params, decoding=DecodingParams.from_mapping(params),
-                   long_input=params.get("long_input") or "truncate")
+                   long_input=params.get("long_input") or DEFAULT_LONG_INPUT)
 
     @property
     def decoding_params(self) -> DecodingParams:
@@ -54,7 +54,7 @@ class JobOutput:
     nar_tokens: int
     files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
     extra: dict[str, Any] | None = None  # merged into the job's output JSON
-    mode: str | None = None  # the decoding mode that ran (what `auto` resolved to)
+    mode: str | None = None  # the decoding mode that ran (what `auto` resolved to); None: `decoding.mode` null
     input_tokens_used: int | None = None  # None: all of input_tokens
     input_truncated: bool = False
     chunks: int | None = None  # long_input=chunk: windows summarised

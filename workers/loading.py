@@ -11,12 +11,13 @@ changes (a rollback or a good publish is the fix), and exits cleanly on SIGTERM 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from types import FrameType
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from workers.protocol import Runner
 
@@ -104,7 +105,7 @@ def stop_on_signals(state: LoadState) -> Callable[[], None]:
     (Celery installs its own when the worker starts)."""
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         state.stop.set()
 
     for sig in previous:
@@ -117,39 +118,14 @@ def stop_on_signals(state: LoadState) -> Callable[[], None]:
     return restore
 
 
-def report_down(session: Any, *, name: str, variant: str, state: LoadState) -> None:
-    """Refresh this process's row while it loads or is down: its heartbeat, and why it does not
-    serve (a worker whose load has failed is not counted as live: `capacity.live_variants`)."""
-    from sqlalchemy import update
+def report_while_loading(sessions: sessionmaker[Session], *, name: str, variant: str,
+                         state: LoadState) -> Callable[[], None]:
+    """One refresh of the status row while the worker loads or is down (a runtime duty until it
+    serves; the serving worker's status report takes over)."""
+    from workers.status_row import report_down
 
-    from yue2_jobs.core.procs import pid_space
-    from yue2_jobs.db.models import WorkerProcess
-    from yue2_jobs.db.session import affected, utcnow
-    from yue2_jobs.jobs.capacity import STARTING
+    def report() -> None:
+        with sessions() as session:
+            report_down(session, name=name, variant=variant, error=state.error)
 
-    now, space = utcnow(), pid_space()
-    if not affected(session.execute(update(WorkerProcess).where(
-            WorkerProcess.name == name, WorkerProcess.pid == os.getpid(), WorkerProcess.pid_space == space)
-            .values(heartbeat_at=now, load_error=state.error))):
-        # reaped as silent meanwhile (a long load): stand again under the name
-        session.merge(WorkerProcess(name=name, variant=variant, checkpoint=f"{variant}@{STARTING}", pid=os.getpid(),
-                                    pid_space=space, heartbeat_at=now, load_error=state.error))
-    session.commit()
-
-
-def keep_reporting(sessions: Any, *, name: str, variant: str, state: LoadState, interval_s: float,
-                   until: threading.Event) -> threading.Thread:
-    """The status row's thread while the worker loads or is down (the serving worker has its own)."""
-
-    def loop() -> None:
-        while not until.is_set():
-            try:
-                with sessions() as session:
-                    report_down(session, name=name, variant=variant, state=state)
-            except Exception as exc:  # the database away: the row goes stale, as a dead worker's would
-                log.warning("could not report this worker's status: %s", one_line(exc))
-            until.wait(interval_s)
-
-    thread = threading.Thread(target=loop, name="load-report", daemon=True)
-    thread.start()
-    return thread
+    return report

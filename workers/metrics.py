@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from workers.protocol import Runner
+    from yue2_jobs.decode.continuous import ContinuousBatcher
 
 OCCUPANCY_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -51,10 +55,7 @@ class WorkerMetrics:
         self._lock = threading.Lock()
         self._window = (time.monotonic(), 0, 0, 0)  # start, tokens, nar, drafted: for the rates
         self._reported = 0  # engine drafts already added to the counter
-        self._engine: Any = None
-
-    def serve(self, port: int, *, host: str = "127.0.0.1") -> None:
-        start_http_server(port, addr=host, registry=self.registry)
+        self._engine: ContinuousBatcher[str] | None = None
 
     def job_done(self, status: str, n: int = 1) -> None:
         if n:
@@ -63,7 +64,7 @@ class WorkerMetrics:
     def checkpoint_event(self, event: str, checkpoint: str) -> None:
         self.checkpoint_events.labels(self.worker, event, checkpoint).inc()
 
-    def engine_progress(self, engine: Any) -> None:
+    def engine_progress(self, engine: ContinuousBatcher[str]) -> None:
         """Fold the engine's counters since the last call into the metrics."""
         c = engine.counters
         with self._lock:
@@ -90,12 +91,12 @@ class WorkerMetrics:
         self.tokens.labels(self.worker).inc(tokens)
         self.nar_tokens.labels(self.worker).inc(nar_tokens)
 
-    def runner_loaded(self, runner: Any) -> None:
+    def runner_loaded(self, runner: Runner) -> None:
         """A (new) runner is serving: its graph capture, as the ready log reports it."""
         self.graphs.labels(self.worker).set(getattr(runner, "graph_count", 0))
         self.graph_capture.labels(self.worker).set(getattr(runner, "graph_capture_s", 0.0))
 
-    def sample_modes(self, runner: Any) -> None:
+    def sample_modes(self, runner: Runner) -> None:
         """Copy the `auto` chooser's measurements (a model runner's decode session's; a font runner
         has no session)."""
         session = getattr(runner, "session", None)

@@ -15,6 +15,7 @@ import logging
 import time
 from concurrent.futures import Future
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 from workers.context import WorkerContext
@@ -25,7 +26,7 @@ from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs.inputs import read_input
 from yue2_jobs.jobs.keys import file_key, output_key
-from yue2_jobs.jobs.outputs import OutputFacts, output_body
+from yue2_jobs.jobs.outputs import facts_of, output_body
 from yue2_jobs.jobs.state import ClaimedJob, finish_jobs
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,10 @@ def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobO
               "output_tokens": out.output_tokens, "decoder_steps": out.decoder_steps, "nar_tokens": out.nar_tokens,
               "decoded_mode": out.mode, "input_tokens_used": used, "input_truncated": out.input_truncated,
               "chunks": out.chunks}
-    facts = OutputFacts(job_id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant,
-                        checkpoint=runner.checkpoint, mode=out.mode or row.params.get("mode"),
-                        input_tokens=out.input_tokens, input_tokens_used=used, output_tokens=out.output_tokens,
-                        decoder_steps=out.decoder_steps, nar_tokens=out.nar_tokens, chunks=out.chunks,
-                        input_truncated=out.input_truncated)
+    # The stored JSON says what the row records, read as the batch finalizer and the job's view
+    # read the row (`facts_of`), so all three agree (`decoding.mode` among them).
+    facts = facts_of(SimpleNamespace(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant,
+                                     **values))
     assert ctx.uploader is not None
     body = output_body(facts, out.text)
     puts = []

@@ -1,10 +1,11 @@
 """A worker's job runner: one YuE2 checkpoint in memory, jobs through the decoder.
 
-Greedy `auto`/`ar`/`hybrid` jobs go through the continuous-batching engine (`engine`, fed by
-`workers.engine_loop`). Everything else (sampling, `hybrid_fast`, `nar`, `prompt_lookup`, a job whose
-step failed with the rest of its rows) goes through `run`: jobs with equal decoding parameters
-share `generate` calls (length-sorted, to cut padding); if a call raises, its jobs are split in
-halves and retried, so only the job that breaks decoding fails and its batch-mates succeed.
+Jobs the continuous-batching engine decodes (`continuous_ok`: greedy `auto`/`ar`/`hybrid`, as
+`DecodingParams.engine_ok` decides) go through it (`engine`, fed by `workers.engine_loop`).
+Everything else (sampling, `hybrid_fast`, `nar`, `prompt_lookup`, a job whose step failed with the
+rest of its rows) goes through `run`: jobs with equal decoding parameters share `generate` calls
+(length-sorted, to cut padding); if a call raises, its jobs are split in halves and retried, so
+only the job that breaks decoding fails and its batch-mates succeed.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class ModelRunner:
             self.graph_capture_s = sum(g.capture_s for g in captured)
 
     def continuous_ok(self, job: JobInput) -> bool:
-        """Whether the engine can decode this job (greedy auto/ar/hybrid with the checkpoint's
-        repetition controls, one window of input); the rest go through `run`."""
+        """Whether this job goes to the engine: this worker runs one, the job's decoding parameters
+        are ones it decodes (`DecodingParams.engine_ok` is the one rule for that) and its input is
+        one window (a chunked job is several `generate` passes); the rest go through `run`."""
         return self.engine is not None and job.decoding_params.engine_ok and job.long_input != "chunk"
 
     def _check_length(self, job: JobInput, n: int) -> None:

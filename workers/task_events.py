@@ -4,17 +4,17 @@ request path."""
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import Celery
 from celery.worker import state as worker_state
+from celery_batches import SimpleRequest
 
 from yue2_jobs.queue import TASK_NAME
 
 log = logging.getLogger(__name__)
 
 
-def announce(app: Celery, node: str, requests: list[Any], *, started: bool, runtime: float = 0.0,
+def announce(app: Celery, node: str, requests: list[SimpleRequest], *, started: bool, runtime: float = 0.0,
               error: BaseException | None = None) -> None:
     """Task events and the worker's task counter for a micro-batch: celery-batches runs its
     requests outside Celery's request path, so without this Flower would see neither."""

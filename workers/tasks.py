@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
 
-from celery import Celery
-from celery_batches import Batches
+from celery import Celery, Task
+from celery_batches import Batches, SimpleRequest
 from sqlalchemy import select
 
 from workers.context import WorkerContext
@@ -23,7 +23,6 @@ from workers.fair_share import FairShare
 from workers.micro_batch import MicroBatch, in_db
 from workers.protocol import engine_runner
 from workers.record import load_inputs
-from workers.swap import adopt_pending
 from workers.task_events import announce
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import Job
@@ -69,7 +68,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             group = todo.popleft()
             if len(group) == 1 and group[0] in suspects:
                 batch.wait()  # a suspect may kill this process: keep what is done so far
-            adopt_pending(ctx)  # a hot swap lands between groups
+            ctx.swap.adopt()  # a hot swap lands between groups
             rows = batch.claim(group)
             if not rows:
                 continue
@@ -88,15 +87,15 @@ def _ids(arg: str | list[str]) -> list[str]:
     return [arg] if isinstance(arg, str) else list(arg)
 
 
-def register(app: Celery, ctx_getter: Any, settings: Settings) -> Any:
+def register(app: Celery, ctx_getter: Callable[[], WorkerContext], settings: Settings) -> Task:
     @app.task(base=Batches, name=TASK_NAME, flush_every=settings.batch_max_jobs,
               flush_interval=settings.batch_flush_ms / 1000, acks_late=True, bind=False)
-    def run_jobs(requests: list[Any]) -> None:
+    def run_jobs(requests: list[SimpleRequest]) -> None:
         ctx = ctx_getter()
         announce(app, ctx.name, requests, started=True)
         t0, error = time.monotonic(), None
         try:
-            with ctx.swap_lock:
+            with ctx.swap.batch_gate:
                 process_jobs(ctx, [j for r in requests for j in _ids(r.args[0])])
         except Exception as exc:
             # Postgres or storage down: nothing was recorded as done. Leave the claims to expire so

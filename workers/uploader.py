@@ -7,12 +7,11 @@ processes with their own client; a local directory needs no such thing and uses 
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 
+from workers.runtime import WorkerRuntime
 from yue2_jobs.core.config import Settings
-from yue2_jobs.core.procs import die_with_parent
 from yue2_jobs.core.retry import retrying
 from yue2_jobs.storage import Storage, storage_from_url
 
@@ -26,7 +25,6 @@ def _init(url: str, endpoint_url: str | None, region: str) -> None:
     # worker shuts the pool down, or with the worker if it dies.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent(signal.SIGKILL)
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
 
 
@@ -40,16 +38,23 @@ def _put_with(storage: Storage, key: str, data: bytes, content_type: str, deadli
 
 
 class Uploader:
-    def __init__(self, settings: Settings, storage: Storage) -> None:
+    """The PUTs of job outputs, in a pool the worker's runtime owns (started on the first PUT,
+    shut down on the worker's stop after its last micro-batch)."""
+
+    def __init__(self, settings: Settings, storage: Storage, *, runtime: WorkerRuntime) -> None:
         url = settings.resolved_storage_url
         self.storage = storage
         self.in_processes = url.startswith("s3://")
-        self.pool: Executor
+
         if self.in_processes:
-            self.pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"), initializer=_init,
-                                            initargs=(url, settings.s3_endpoint_url, settings.s3_region))
+            self._pool = runtime.process_pool("yue2-put", 2, initializer=_init,
+                                              initargs=(url, settings.s3_endpoint_url, settings.s3_region))
         else:
-            self.pool = ThreadPoolExecutor(4, "yue2-put")
+            self._pool = runtime.thread_pool("yue2-put", 4)
+
+    @property
+    def pool(self) -> Executor:
+        return self._pool.executor
 
     def submit(self, key: str, data: bytes, content_type: str = "application/json", *,
                deadline: float) -> Future[None]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ def _batch(client: TestClient, lines: list[dict[str, Any]]) -> str:
     return str(r.json()["id"])
 
 
-def _run(sessions: Any, batch_id: str, ids: list[str], *, started_s_ago: float, finished_s_ago: float) -> None:
-    """Be a worker for `ids`: claim and finish them, then set when they started and finished."""
-    now = utcnow()
+def _run(sessions: Any, batch_id: str, ids: list[str], *, started_s_ago: float, finished_s_ago: float,
+         now: datetime | None = None) -> None:
+    """Be a worker for `ids`: claim and finish them, then set when they started and finished
+    (seconds before `now`: one instant for several calls, so a slow machine does not move it)."""
+    now = now or utcnow()
     with sessions() as session:
         claimed, _ = claim_jobs(session, job_ids=ids, worker="w", lease_s=60, max_attempts=3)
         finish_jobs(session, [{"id": j.id, "claim_token": j.claim_token, "status": "succeeded", "output_text": "ok",
@@ -67,11 +69,12 @@ def test_throughput_is_the_batch_average_and_ends_final(api: tuple[TestClient, A
     with sessions() as session:
         ids = list(session.execute(select(Job.id).where(Job.batch_id == batch_id, Job.status == "queued")
                                    .order_by(Job.custom_id)).scalars())
-    _run(sessions, batch_id, ids[:2], started_s_ago=20, finished_s_ago=10)  # 2 jobs in the 20 s since the first began
+    now = utcnow()
+    _run(sessions, batch_id, ids[:2], started_s_ago=20, finished_s_ago=10, now=now)  # 2 jobs in the 20 s since
     stats = client.get(f"/v1/batches/{batch_id}/stats").json()
     assert stats["rate"] == "running" and 0.09 < stats["throughput_per_s"] <= 0.1  # 2 / (20 s and a little)
     assert 19 < stats["eta_s"] < 21  # 2 left at that rate
-    _run(sessions, batch_id, ids[2:], started_s_ago=15, finished_s_ago=4)  # the last finished 4 s ago
+    _run(sessions, batch_id, ids[2:], started_s_ago=15, finished_s_ago=4, now=now)  # the last finished 4 s ago
     final = client.get(f"/v1/batches/{batch_id}/stats").json()
     assert (final["rate"], final["eta_s"], final["throughput_per_s"]) == ("final", 0, 0.25)  # 4 jobs / 16 s
     assert client.get(f"/v1/batches/{batch_id}/stats").json()["throughput_per_s"] == 0.25  # it stays

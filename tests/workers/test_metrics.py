@@ -7,6 +7,8 @@ import socket
 from types import SimpleNamespace
 
 from workers.metrics import WorkerMetrics
+from workers.runtime import MetricsServer
+from yue2_jobs.core.config import Settings
 from yue2_jobs.core.net import free_port
 from yue2_jobs.decode.continuous import EngineCounters
 
@@ -38,11 +40,17 @@ def _listening(port: int) -> list[str]:
 
 def test_metrics_listen_on_loopback_unless_configured() -> None:
     port = free_port()
-    WorkerMetrics(worker="w", max_rows=1).serve(port)
+    default = MetricsServer(WorkerMetrics(worker="w", max_rows=1).registry, port=port, host=Settings().metrics_host)
+    default.start()
     assert _listening(port) == ["127.0.0.1"]
     other = free_port()
-    WorkerMetrics(worker="w", max_rows=1).serve(other, host="0.0.0.0")
+    configured = MetricsServer(WorkerMetrics(worker="w", max_rows=1).registry, port=other, host="0.0.0.0")
+    configured.start()
     assert _listening(other) == ["0.0.0.0"]
+    for server in (default, configured):  # the worker's stop closes them (workers.runtime)
+        server.signal_stop()
+        assert server.join(5)
+    assert _listening(port) == _listening(other) == []
 
 
 def test_graph_capture_and_auto_mode_measurements_are_exported() -> None:

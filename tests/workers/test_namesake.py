@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.sqlite_db import sessions  # noqa: F401 - fixture
-from workers.main import claim_node_name
+from workers.status_row import claim_node_name
 from yue2_jobs.core.procs import pid_space
 from yue2_jobs.db.models import WorkerProcess
 from yue2_jobs.db.session import as_utc, utcnow

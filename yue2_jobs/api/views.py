@@ -10,7 +10,7 @@ from yue2_jobs.db.models import Experiment, File, Job, JobStatus
 from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.jobs.batch_service import BatchState
 from yue2_jobs.jobs.keys import file_key
-from yue2_jobs.jobs.outputs import usage
+from yue2_jobs.jobs.outputs import decoding, facts_of, usage
 from yue2_jobs.storage import Storage
 
 
@@ -28,8 +28,8 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
         "input_truncated": bool(job.input_truncated),
         "usage": usage(input_tokens=job.input_tokens, input_tokens_used=job.input_tokens_used,
                        output_tokens=job.output_tokens),
-        "decoding": {"mode": job.decoded_mode, "decoder_steps": job.decoder_steps, "nar_tokens": job.nar_tokens,
-                     "chunks": job.chunks,
+        # As the job's output line says it (one rule for `decoding.mode`), plus tokens per decoder step.
+        "decoding": {**decoding(facts_of(job)),
                      "tau": round(job.output_tokens / job.decoder_steps, 3)
                      if job.output_tokens and job.decoder_steps else None},
         "output": None, "output_url": None,

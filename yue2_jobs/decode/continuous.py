@@ -14,8 +14,8 @@ row is done (Orca-style iteration-level scheduling).
    rows verify NAR drafts, `ar` rows feed one token, in one step;
 3. returns the requests that finished.
 
-Greedy decoding only, with the checkpoint's repetition controls (`DecodingParams.engine_ok`; sampled
-jobs, jobs that set their own controls and the other modes go through `DecodeSession.generate`). Out of memory
+Greedy decoding only, with the checkpoint's repetition controls: `DecodingParams.engine_refusal` says
+which requests it runs and why it refuses the rest, which go through `DecodeSession.generate`. Out of memory
 on a step preempts the newest half of the rows back to the queue and retries with a lower row
 cap, so no job fails for its neighbours; a lone row that still does not fit fails alone. Any
 other exception in a step hands the live rows back marked `isolate`, for the caller to rerun
@@ -37,7 +37,7 @@ import torch
 
 from yue2_jobs.decode.auto_mode import ModeChooser
 from yue2_jobs.decode.engine import NEVER_TRUST, StepShape
-from yue2_jobs.decode.params import AUTO, DEFAULT_MIN_ACCEPT_PROB, ENGINE_MODES, Mode
+from yue2_jobs.decode.params import AUTO, DEFAULT_MIN_ACCEPT_PROB, Mode
 from yue2_jobs.decode.requests import DecodeRequest, DecodeResult, EngineCounters
 from yue2_jobs.decode.sampling import SamplingParams
 from yue2_jobs.decode.stats import SequenceStats
@@ -73,7 +73,7 @@ class ContinuousBatcher(Generic[K]):
         self.max_tokens = max_tokens if max_tokens is not None else max_rows * (cfg.max_position_embeddings * 2)
         self.k = cfg.nar_block_size
         # Every row decodes greedily with the checkpoint's repetition controls; a request that
-        # sets its own is refused (`DecodingParams.engine_ok`) and goes through `generate`.
+        # sets its own is refused (`DecodingParams.engine_refusal`) and goes through `generate`.
         self.params = SamplingParams.greedy(model.generation_config)
         self.t_cache = 1 + self.limit + self.k + 1
         self.device = model.shared.weight.device
@@ -159,12 +159,9 @@ class ContinuousBatcher(Generic[K]):
     def _check(self, req: DecodeRequest[K]) -> str | None:
         n_pos = self.model.config.max_position_embeddings
         p = req.params
-        if p.mode not in ENGINE_MODES:
-            return f"mode must be one of {ENGINE_MODES} for continuous batching, got {p.mode!r}"
-        if not p.engine_ok:
-            return ("the continuous-batching engine decodes greedily with the checkpoint's repetition controls; "
-                    f"got do_sample={p.do_sample}, repetition_penalty={p.repetition_penalty}, "
-                    f"no_repeat_ngram_size={p.no_repeat_ngram_size}")
+        refusal = p.engine_refusal  # which requests the engine runs is DecodingParams' to say
+        if refusal is not None:
+            return refusal
         if not 1 <= p.max_new_tokens <= self.limit:
             return f"max_new_tokens must be between 1 and {self.limit}, got {p.max_new_tokens}"
         if not 0 <= req.min_new_tokens <= p.max_new_tokens:

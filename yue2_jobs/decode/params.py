@@ -99,7 +99,21 @@ class DecodingParams:
         return self.repetition_penalty is not None or self.no_repeat_ngram_size is not None
 
     @property
+    def engine_refusal(self) -> str | None:
+        """Why the continuous-batching engine cannot decode it, None when it can: the one statement
+        of which requests the engine runs (greedy `auto`/`ar`/`hybrid` with the checkpoint's
+        repetition controls). The engine's admission check gives this reason as the request's
+        error, and `engine_ok` is its yes/no, which the worker routes jobs by."""
+        if self.mode not in ENGINE_MODES:
+            return f"mode must be one of {ENGINE_MODES} for continuous batching, got {self.mode!r}"
+        # The engine's rows share one greedy sampler built from the checkpoint's generation config.
+        if self.do_sample or self.sets_repetition_controls:
+            return ("the continuous-batching engine decodes greedily with the checkpoint's repetition controls; "
+                    f"got do_sample={self.do_sample}, repetition_penalty={self.repetition_penalty}, "
+                    f"no_repeat_ngram_size={self.no_repeat_ngram_size}")
+        return None
+
+    @property
     def engine_ok(self) -> bool:
-        """Whether the continuous-batching engine decodes it: greedy `auto`/`ar`/`hybrid` with the
-        checkpoint's repetition controls."""
-        return self.mode in ENGINE_MODES and not self.do_sample and not self.sets_repetition_controls
+        """Whether the continuous-batching engine decodes it (`engine_refusal` is None)."""
+        return self.engine_refusal is None

@@ -19,7 +19,7 @@ class OutputFacts:
     custom_id: str | None
     variant: str
     checkpoint: str | None
-    mode: str | None  # the mode that ran (what `auto` resolved to), else the one asked for
+    mode: str | None  # `decoding.mode`: the row's `decoded_mode` (see `decoding`)
     input_tokens: int | None
     input_tokens_used: int | None
     output_tokens: int | None
@@ -42,15 +42,27 @@ def output_body(facts: OutputFacts, text: str) -> dict[str, Any]:
             "input_truncated": facts.input_truncated,
             "usage": usage(input_tokens=facts.input_tokens, input_tokens_used=facts.input_tokens_used,
                            output_tokens=facts.output_tokens),
-            # `decoding.mode`, as in a job's view (GET /v1/jobs/{id})
-            "decoding": {"mode": facts.mode, "decoder_steps": facts.decoder_steps, "nar_tokens": facts.nar_tokens,
-                         "chunks": facts.chunks}}
+            "decoding": decoding(facts)}
+
+
+def decoding(facts: OutputFacts) -> dict[str, Any]:
+    """`decoding` as a job's output JSON (stored, and its batch output line) and its view (GET
+    /v1/jobs/{id}, which adds `tau`) all give it, so they cannot disagree.
+
+    `mode` is the mode that ran, as the worker recorded it in `decoded_mode` (what `auto` resolved
+    to: `ar` or `hybrid`), and null where none is recorded (a job that has not run, a row from
+    before migration 0004, a runner that reports no mode). Never the mode asked for: `params.mode`
+    already says that, and `auto`, the default, is never a mode that ran (docs/api.md: "the job
+    reports the mode that ran as `decoding.mode`")."""
+    return {"mode": facts.mode, "decoder_steps": facts.decoder_steps, "nar_tokens": facts.nar_tokens,
+            "chunks": facts.chunks}
 
 
 def facts_of(job: Any) -> OutputFacts:
-    """The facts of a stored job row (ORM object or Core row)."""
+    """The facts of a stored job row (ORM object or Core row), or of the values a worker records
+    on it (`workers.record`): the one place a row's columns become what its outputs say."""
     return OutputFacts(job_id=job.id, kind=job.kind, custom_id=job.custom_id, variant=job.variant,
-                       checkpoint=job.checkpoint, mode=job.decoded_mode or job.params.get("mode"),
+                       checkpoint=job.checkpoint, mode=job.decoded_mode,
                        input_tokens=job.input_tokens, input_tokens_used=job.input_tokens_used,
                        output_tokens=job.output_tokens, decoder_steps=job.decoder_steps, nar_tokens=job.nar_tokens,
                        chunks=job.chunks, input_truncated=bool(job.input_truncated))

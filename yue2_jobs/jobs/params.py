@@ -19,6 +19,9 @@ from yue2_jobs.errors import InvalidRequestError, LimitExceededError
 
 M = TypeVar("M", bound=BaseModel)
 LongInput = Literal["truncate", "reject", "chunk"]
+# What a job that names no `long_input` gets, when the API stores it and when a worker reads a
+# row that lacks it (rows from before migration 0005): one default, so the two cannot drift.
+DEFAULT_LONG_INPUT: LongInput = "truncate"
 KINDS = ("summarize", "generate", "render_font")
 MAX_NO_REPEAT_NGRAM = 16
 ENDPOINTS = {"/v1/summarize": "summarize", "/v1/generate": "generate", "/v1/render_font": "render_font"}
@@ -140,7 +143,7 @@ def validate_job(body: Any, *, kind: str | None, settings: Settings, field_prefi
     except ValueError as exc:  # the body's limits are within DecodingParams' own, so this is a bug, named as one
         raise InvalidRequestError(f"{field_prefix}decoding parameters: {exc}", field=f"{field_prefix}body") from None
     # The row keeps the DecodingParams itself (the worker parses it back: workers.job_io.JobInput.of).
-    params = {**decoding.stored(), "long_input": parsed.long_input or "truncate"}
+    params = {**decoding.stored(), "long_input": parsed.long_input or DEFAULT_LONG_INPUT}
     return ValidatedJob(kind=kind, text=text, variant=variant, custom_id=parsed.custom_id, params=params,
                         decoding=decoding)
 
