@@ -9,6 +9,10 @@ from typing import Any
 from yue2_jobs.decode.params import DecodingParams
 from yue2_jobs.jobs.params import DEFAULT_LONG_INPUT, LongInput
 
+# A JSON object as stored in Postgres or written to storage (a job's params, a result to record):
+# its values are of any JSON type, checked where they are read (`yue2_jobs.jobs.params`), so `Any`.
+JSONObject = dict[str, Any]
+
 
 @dataclass(frozen=True)
 class JobInput:
@@ -19,7 +23,7 @@ class JobInput:
     id: str
     kind: str
     text: str
-    params: dict[str, Any]
+    params: JSONObject
     decoding: DecodingParams | None = None  # None: not a text job
     long_input: LongInput = DEFAULT_LONG_INPUT
 
@@ -29,7 +33,7 @@ class JobInput:
                              "decoding parameters; build it with JobInput.of")
 
     @classmethod
-    def of(cls, *, id: str, kind: str, text: str, params: dict[str, Any]) -> JobInput:
+    def of(cls, *, id: str, kind: str, text: str, params: JSONObject) -> JobInput:
         """A job from its row; a text job's stored parameters that no longer parse raise ValueError
         (the job fails alone)."""
         if kind == "render_font":
@@ -53,7 +57,7 @@ class JobOutput:
     decoder_steps: int
     nar_tokens: int
     files: tuple[tuple[str, bytes, str], ...] = ()  # (suffix, bytes, content type), stored beside the JSON
-    extra: dict[str, Any] | None = None  # merged into the job's output JSON
+    extra: JSONObject | None = None  # merged into the job's output JSON
     mode: str | None = None  # the decoding mode that ran (what `auto` resolved to); None: `decoding.mode` null
     input_tokens_used: int | None = None  # None: all of input_tokens
     input_truncated: bool = False

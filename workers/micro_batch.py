@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from workers.context import WorkerContext
-from workers.job_io import JobInput, JobOutput
+from workers.job_io import JobInput, JobOutput, JSONObject
 from workers.protocol import Runner
 from workers.record import record
 from yue2_jobs.core.retry import retrying, transient
@@ -79,7 +79,7 @@ class MicroBatch:
         return rows
 
     def record(self, runner: Runner, *, rows: list[ClaimedJob], inputs: list[JobInput],
-               outputs: list[JobOutput | Exception], failed: list[dict[str, Any]]) -> None:
+               outputs: list[JobOutput | Exception], failed: list[JSONObject]) -> None:
         """Store and mark results on the recorder thread (it overlaps the next decode): `outputs`
         are `inputs`' (one each, in order), `failed` the results of jobs that failed before
         decoding; `runner` is the one that decoded them."""

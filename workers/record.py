@@ -16,10 +16,9 @@ import time
 from concurrent.futures import Future
 from functools import partial
 from types import SimpleNamespace
-from typing import Any
 
 from workers.context import WorkerContext
-from workers.job_io import JobInput, JobOutput
+from workers.job_io import JobInput, JobOutput, JSONObject
 from workers.protocol import Runner
 from yue2_jobs.core.retry import retrying, transient
 from yue2_jobs.db.models import JobStatus
@@ -32,14 +31,14 @@ from yue2_jobs.jobs.state import ClaimedJob, finish_jobs
 log = logging.getLogger(__name__)
 
 
-def _failure(exc: BaseException) -> dict[str, Any]:
+def _failure(exc: BaseException) -> JSONObject:
     if isinstance(exc, InvalidRequestError):  # the input breaks a rule only the worker can check
         return {"code": exc.code if exc.code != "invalid_request" else "invalid_input", "message": str(exc),
                 "field": exc.field, "status_code": exc.status}
     return {"code": "job_failed", "message": str(exc) or type(exc).__name__, "status_code": 500}
 
 
-def failed_result(runner: Runner, row: ClaimedJob, exc: BaseException) -> dict[str, Any]:
+def failed_result(runner: Runner, row: ClaimedJob, exc: BaseException) -> JSONObject:
     return {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.FAILED, "error": _failure(exc),
             "checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256}
 
@@ -49,11 +48,11 @@ def _deadline(ctx: WorkerContext) -> float:
 
 
 def load_inputs(ctx: WorkerContext, rows: list[ClaimedJob]
-                ) -> tuple[list[JobInput], list[dict[str, Any]], list[ClaimedJob]]:
+                ) -> tuple[list[JobInput], list[JSONObject], list[ClaimedJob]]:
     """(inputs to run, failed results, rows given back): an input storage cannot give for now is
     retried, then given back; one it refuses for good fails its job alone."""
     inputs: list[JobInput] = []
-    failed: list[dict[str, Any]] = []
+    failed: list[JSONObject] = []
     given_back: list[ClaimedJob] = []
     deadline = _deadline(ctx)
     for row in rows:
@@ -74,7 +73,7 @@ def load_inputs(ctx: WorkerContext, rows: list[ClaimedJob]
 
 
 def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobOutput, deadline: float
-                  ) -> tuple[list[Future[None]], dict[str, Any]]:
+                  ) -> tuple[list[Future[None]], JSONObject]:
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     used = out.input_tokens if out.input_tokens_used is None else out.input_tokens_used
     values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
@@ -100,7 +99,7 @@ def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobO
                   "output_text": inline, "error": None, **values}
 
 
-def _finish(ctx: WorkerContext, results: list[dict[str, Any]], deadline: float) -> None:
+def _finish(ctx: WorkerContext, results: list[JSONObject], deadline: float) -> None:
     def once() -> None:
         with ctx.sessions() as session:
             finish_jobs(session, results)
@@ -110,14 +109,14 @@ def _finish(ctx: WorkerContext, results: list[dict[str, Any]], deadline: float) 
 
 def record(ctx: WorkerContext, runner: Runner, rows: list[ClaimedJob], inputs: list[JobInput],
            outputs: list[JobOutput | Exception],
-           failed: list[dict[str, Any]]) -> None:
+           failed: list[JSONObject]) -> None:
     """Store and mark one slice's results; `runner` is the one that decoded them (a hot swap may
     have replaced `ctx.runner` since). The slice's claims are let go however this ends."""
     try:
         by_id = {r.id: r for r in rows}
         results = list(failed)
         deadline = _deadline(ctx)
-        puts: list[tuple[list[Future[None]], ClaimedJob, dict[str, Any]]] = []
+        puts: list[tuple[list[Future[None]], ClaimedJob, JSONObject]] = []
         for job_in, out in zip(inputs, outputs, strict=True):
             row = by_id[job_in.id]
             if isinstance(out, JobOutput):
