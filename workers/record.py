@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from concurrent.futures import Future
 from functools import partial
 from types import SimpleNamespace
 
 from workers.context import WorkerContext
 from workers.job_io import JobInput, JobOutput, JSONObject
 from workers.protocol import Runner
+from workers.uploader import Item
 from yue2_jobs.core.retry import retrying, transient
 from yue2_jobs.db.models import JobStatus
 from yue2_jobs.errors import InvalidRequestError
@@ -72,8 +72,9 @@ def load_inputs(ctx: WorkerContext, rows: list[ClaimedJob]
     return inputs, failed, given_back
 
 
-def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobOutput, deadline: float
-                  ) -> tuple[list[Future[None]], JSONObject]:
+def _output_objects(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobOutput
+                    ) -> tuple[list[Item], JSONObject]:
+    """What to store for one decoded job (its JSON, a render job's images) and its row's result."""
     key = output_key(tenant=row.tenant, batch_id=row.batch_id, job_id=row.id)
     used = out.input_tokens if out.input_tokens_used is None else out.input_tokens_used
     values = {"checkpoint": runner.checkpoint, "weights_sha256": runner.weights_sha256,
@@ -85,15 +86,13 @@ def _store_output(ctx: WorkerContext, runner: Runner, row: ClaimedJob, out: JobO
     # read the row (`facts_of`), so all three agree (`decoding.mode` among them).
     facts = facts_of(SimpleNamespace(id=row.id, kind=row.kind, custom_id=row.custom_id, variant=row.variant,
                                      **values))
-    assert ctx.uploader is not None
     body = output_body(facts, out.text)
-    puts = []
+    puts: list[Item] = []
     if out.files:  # a render job's images, beside its JSON
         body["files"] = {suffix: file_key(key, suffix) for suffix, _, _ in out.files}
-        puts = [ctx.uploader.submit(file_key(key, suffix), data, ctype, deadline=deadline)
-                for suffix, data, ctype in out.files]
+        puts = [(file_key(key, suffix), data, ctype) for suffix, data, ctype in out.files]
     body.update(out.extra or {})
-    puts.append(ctx.uploader.submit(key, json.dumps(body, ensure_ascii=False).encode(), deadline=deadline))
+    puts.append((key, json.dumps(body, ensure_ascii=False).encode(), "application/json"))
     inline = out.text if len(out.text.encode()) <= ctx.settings.inline_output_bytes else None
     return puts, {"id": row.id, "claim_token": row.claim_token, "status": JobStatus.SUCCEEDED, "output_key": key,
                   "output_text": inline, "error": None, **values}
@@ -116,14 +115,17 @@ def record(ctx: WorkerContext, runner: Runner, rows: list[ClaimedJob], inputs: l
         by_id = {r.id: r for r in rows}
         results = list(failed)
         deadline = _deadline(ctx)
-        puts: list[tuple[list[Future[None]], ClaimedJob, JSONObject]] = []
+        stored: list[tuple[list[Item], ClaimedJob, JSONObject]] = []
         for job_in, out in zip(inputs, outputs, strict=True):
             row = by_id[job_in.id]
             if isinstance(out, JobOutput):
-                put, result = _store_output(ctx, runner, row, out, deadline)
-                puts.append((put, row, result))
+                items, result = _output_objects(ctx, runner, row, out)
+                stored.append((items, row, result))
             else:
                 results.append(failed_result(runner, row, out))
+        # The slice's PUTs at once (`Uploader.submit_all`), then each job's own outcome.
+        futures = iter(ctx.uploader.submit_all([item for items, _, _ in stored for item in items], deadline=deadline))
+        puts = [([next(futures) for _ in items], row, result) for items, row, result in stored]
         given_back = 0
         for uploads, row, result in puts:
             try:

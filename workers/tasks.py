@@ -43,17 +43,18 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
     job_ids = list(dict.fromkeys(job_ids))
     t_start, decode_s = time.perf_counter(), 0.0
     with ctx.sessions() as session, MicroBatch(ctx, session) as batch:
-        def read_jobs() -> dict[str, tuple[int, str]]:
-            found = {j: (a, t) for j, a, t in session.execute(
-                select(Job.id, Job.attempts, Job.tenant).where(Job.id.in_(job_ids)))}
+        def read_jobs() -> dict[str, tuple[int, str, str | None]]:
+            found = {j: (a, t, b) for j, a, t, b in session.execute(
+                select(Job.id, Job.attempts, Job.tenant, Job.batch_id).where(Job.id.in_(job_ids)))}
             session.commit()
             return found
 
         known = in_db(ctx, session, "reading attempts", read_jobs)
+        batch.expect(b for _, _, b in known.values())
         # Tenants take turns within the micro-batch (`jobs.fair_share`), each in message order.
         fresh = interleave((j, known[j][1]) for j in job_ids if j in known and known[j][0] == 0)
         suspects = [j for j in job_ids if j in known and known[j][0] > 0]
-        share = FairShare(ctx, session, serving={t for _, t in known.values()}, budget=len(known))
+        share = FairShare(ctx, session, serving={t for _, t, _ in known.values()}, budget=len(known))
         # Fresh jobs are claimed a generate call's worth at a time, so results are recorded as
         # they come; suspects are claimed one at a time, right before they run alone.
         size = s.batch_max_jobs
@@ -79,8 +80,9 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             decode_s += time.perf_counter() - t_decode
             batch.record(runner, rows=rows, inputs=inputs, outputs=outputs, failed=failed)
     batch.finish()
-    log.info("micro-batch of %d jobs (and %d of other tenants) in %.2fs, %.2fs of it decoding", len(job_ids),
-             share.started, time.perf_counter() - t_start, decode_s)
+    log.info("micro-batch of %d jobs (and %d of other tenants) in %.3fs, %.3fs of it decoding; claim %.3fs, "
+             "waiting for the recorder %.3fs", len(job_ids), share.started, time.perf_counter() - t_start, decode_s,
+             batch.claim_s, batch.wait_s)
 
 
 def _ids(arg: str | list[str]) -> list[str]:

@@ -2,13 +2,16 @@
 
 boto3 spends milliseconds of Python per PUT; in threads of the worker process that time is taken
 from the decoding loop (CPU-bound Python op dispatch). For S3 the PUTs run in two spawned helper
-processes with their own client; a local directory needs no such thing and uses threads.
+processes with their own client; a local directory needs no such thing and uses threads. A
+slice's PUTs go to the helpers as one task each (not one per object: a pickle round trip each),
+and a helper runs up to PUTS_PER_HELPER of them at once (a PUT waits on the network, not the CPU).
 """
 
 from __future__ import annotations
 
 import signal
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from functools import partial
 
 from workers.runtime import WorkerRuntime
 from yue2_jobs.core.config import Settings
@@ -16,6 +19,10 @@ from yue2_jobs.core.retry import retrying
 from yue2_jobs.storage import Storage, storage_from_url
 
 _storage: Storage | None = None
+_puts: ThreadPoolExecutor | None = None  # in a helper process: its PUTs in flight at once
+HELPERS = 2
+PUTS_PER_HELPER = 8
+Item = tuple[str, bytes, str]  # key, data, content type
 
 
 def _init(url: str, endpoint_url: str | None, region: str) -> None:
@@ -25,12 +32,17 @@ def _init(url: str, endpoint_url: str | None, region: str) -> None:
     # worker shuts the pool down, or with the worker if it dies.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    global _puts
     _storage = storage_from_url(url, endpoint_url=endpoint_url, region=region)
+    _puts = ThreadPoolExecutor(PUTS_PER_HELPER, "yue2-helper-put")  # in the helper process, not the worker
 
 
-def _put(key: str, data: bytes, content_type: str, deadline: float) -> None:
-    assert _storage is not None
-    _put_with(_storage, key, data, content_type, deadline)
+def _put_many(items: list[Item], deadline: float) -> list[BaseException | None]:
+    """In a helper process: PUT every item, a few at once; each one's error (None: stored)."""
+    assert _storage is not None and _puts is not None
+    storage = _storage
+    futures = [_puts.submit(_put_with, storage, key, data, ctype, deadline) for key, data, ctype in items]
+    return [f.exception() for f in futures]
 
 
 def _put_with(storage: Storage, key: str, data: bytes, content_type: str, deadline: float) -> None:
@@ -47,7 +59,7 @@ class Uploader:
         self.in_processes = url.startswith("s3://")
 
         if self.in_processes:
-            self._pool = runtime.process_pool("yue2-put", 2, initializer=_init,
+            self._pool = runtime.process_pool("yue2-put", HELPERS, initializer=_init,
                                               initargs=(url, settings.s3_endpoint_url, settings.s3_region))
         else:
             self._pool = runtime.thread_pool("yue2-put", 4)
@@ -59,6 +71,26 @@ class Uploader:
     def submit(self, key: str, data: bytes, content_type: str = "application/json", *,
                deadline: float) -> Future[None]:
         """PUT `key`; a storage outage is retried with backoff until `deadline` (time.monotonic())."""
-        if self.in_processes:
-            return self.pool.submit(_put, key, data, content_type, deadline)
-        return self.pool.submit(_put_with, self.storage, key, data, content_type, deadline)
+        return self.submit_all([(key, data, content_type)], deadline=deadline)[0]
+
+    def submit_all(self, items: list[Item], *, deadline: float) -> list[Future[None]]:
+        """PUT every item (key, data, content type); one future each, in order."""
+        if not self.in_processes:
+            return [self.pool.submit(_put_with, self.storage, key, data, ctype, deadline) for key, data, ctype in items]
+        futures: list[Future[None]] = [Future() for _ in items]
+        for part in range(min(HELPERS, len(items))):  # one task a helper
+            idx = list(range(part, len(items), HELPERS))
+            task = self.pool.submit(_put_many, [items[i] for i in idx], deadline)
+            task.add_done_callback(partial(_settle, [futures[i] for i in idx]))
+        return futures
+
+
+def _settle(futures: list[Future[None]], task: Future[list[BaseException | None]]) -> None:
+    """Each item's future from its helper task's answer (the task's own failure fails them all)."""
+    exc = task.exception()
+    errors = [exc] * len(futures) if exc is not None else task.result()
+    for future, error in zip(futures, errors, strict=True):
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)

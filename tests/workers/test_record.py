@@ -42,6 +42,9 @@ class _Uploader:
         done.set_result(None)
         return done
 
+    def submit_all(self, items: list[tuple[str, bytes, str]], *, deadline: float) -> list[Future[None]]:
+        return [self.submit(key, data, ctype, deadline=deadline) for key, data, ctype in items]
+
 
 def _run(db: sessionmaker[Session], tmp_path: Path, requested: str, ran: str | None
          ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
