@@ -10,20 +10,26 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from tests.sqlite_db import sessions  # noqa: F401 - fixture
-from tests.workers.fakes import EchoRunner
 from workers.context import WorkerContext
 from workers.deliveries import HeldDeliveries
 from workers.duties import add_duties, status_round
+from workers.job_io import JobInput, JobOutput
 from workers.status_row import claim_node_name
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.models import WorkerProcess
 from yue2_jobs.storage import LocalStorage
 
 
-class Versioned(EchoRunner):
+class Versioned:
+    """A runner that serves one version (it never runs a job here)."""
+
+    variant, weights_sha256 = "base", None
+
     def __init__(self, version: str) -> None:
-        super().__init__()
         self.checkpoint = f"base@{version}"
+
+    def run(self, jobs: list[JobInput]) -> list[JobOutput | Exception]:
+        return [JobOutput(text=j.text, input_tokens=1, output_tokens=1, decoder_steps=1, nar_tokens=0) for j in jobs]
 
 
 def _ctx(tmp_path: Path, sessions: sessionmaker[Session], loads: list[str]) -> WorkerContext:  # noqa: F811
