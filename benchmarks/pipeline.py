@@ -267,6 +267,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--service-cpus", default=None, help="pinned: CPUs of everything else (default: the rest)")
     parser.add_argument("--worker-nice", type=int, default=None, help="nice value of the worker process and the "
                         "bare decoder (default: 0 pinned, 10 shared, as a batch worker beside an API)")
+    parser.add_argument("--uploads-on", choices=("worker", "services"), default="worker",
+                        help="pinned: where the worker's S3 upload helpers run: its own core (the strict footing) "
+                        "or the services' (YUE2_UPLOAD_CPUS)")
     parser.add_argument("--profile", action="store_true", help="sample the worker's threads with py-spy while the "
                         "jobs run (py-spy must be installed; it runs on the service CPUs)")
     parser.add_argument("--latency-jobs", type=int, default=2_000, help="jobs of the batch that runs under GET load")
@@ -329,6 +332,8 @@ def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict
                "YUE2_STORAGE_URL": "s3://yue2-bench/out", "YUE2_S3_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
                "YUE2_BATCH_MAX_JOBS": str(args.batch), "YUE2_TORCH_THREADS": str(args.threads),
                "YUE2_WORKER_READY_FILE": str(logs / "ready")}
+        if args.uploads_on == "services" and place.services is not None:  # YUE2_UPLOAD_CPUS: off the decode core
+            env["YUE2_UPLOAD_CPUS"] = json.dumps(place.services)
         os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
         on_services = taskset(place.services)
         moto = subprocess.Popen([*on_services, sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
@@ -343,9 +348,9 @@ def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict
         url = f"http://127.0.0.1:{api_port}"
         wait_until(lambda: http_up(httpx, url + "/healthz"), 60, "the API")
         # Pinned: the launcher's usable CPUs are the worker's, so it places its one child there
-        # (`workers/launcher.py`); the child's upload helpers inherit them. Shared: the worker runs
-        # at nice 10, as a batch worker placed beside an API should, so that interactive GETs are not
-        # queued behind decoding.
+        # (`workers/launcher.py`); the child's upload helpers inherit them (unless --uploads-on
+        # services). Shared: the worker runs at nice 10, as a batch worker placed beside an API
+        # should, so that interactive GETs are not queued behind decoding.
         # --host: a node name of its own, beside any other worker on this host.
         launcher = subprocess.Popen([*taskset(place.worker), "nice", "-n", str(place.nice), sys.executable, "-m",
                                      "workers", "--host", db], cwd=ROOT, env=env, stdout=worker_log.open("wb"),
@@ -354,7 +359,8 @@ def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict
         prioritize(launcher.pid, place)  # the worker and its helpers are in its session
         wait_until(lambda: (logs / "ready").exists(), 300, "the worker")
         worker = wait_until(lambda: children(launcher.pid), 10, "the worker process")[0]
-        placement = {"mode": place.mode, "worker_process": cpus_text(os.sched_getaffinity(worker)),
+        placement = {"mode": place.mode, "uploads_on": args.uploads_on,
+                     "worker_process": cpus_text(os.sched_getaffinity(worker)),
                      "api": cpus_text(os.sched_getaffinity(api.pid)), "moto": cpus_text(os.sched_getaffinity(moto.pid)),
                      "this_script": cpus_text(os.sched_getaffinity(0)), "nice": place.nice}
         roots = moved.roots if isinstance(moved, ServicePinning) else {}

@@ -9,6 +9,7 @@ and a helper runs up to PUTS_PER_HELPER of them at once (a PUT waits on the netw
 
 from __future__ import annotations
 
+import os
 import signal
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from functools import partial
@@ -25,8 +26,10 @@ PUTS_PER_HELPER = 8
 Item = tuple[str, bytes, str]  # key, data, content type
 
 
-def _init(url: str, endpoint_url: str | None, region: str) -> None:
+def _init(url: str, endpoint_url: str | None, region: str, cpus: list[int] | None) -> None:
     global _storage
+    if cpus:  # YUE2_UPLOAD_CPUS: off the decoding thread's cores
+        os.sched_setaffinity(0, cpus)
     # A SIGTERM sent to the whole process group (systemd's default, `kill -- -PGID`) must not kill
     # the helpers under a worker's warm shutdown: they finish the batch's PUTs and exit when the
     # worker shuts the pool down, or with the worker if it dies.
@@ -59,8 +62,11 @@ class Uploader:
         self.in_processes = url.startswith("s3://")
 
         if self.in_processes:
+            cpus, host = settings.upload_cpus, os.cpu_count() or 1
+            if cpus and not set(cpus) <= set(range(host)):
+                raise SystemExit(f"yue2-worker: YUE2_UPLOAD_CPUS {cpus}: this host has CPUs 0-{host - 1}")
             self._pool = runtime.process_pool("yue2-put", HELPERS, initializer=_init,
-                                              initargs=(url, settings.s3_endpoint_url, settings.s3_region))
+                                              initargs=(url, settings.s3_endpoint_url, settings.s3_region, cpus))
         else:
             self._pool = runtime.thread_pool("yue2-put", 4)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Self
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -124,6 +124,10 @@ class Settings(BaseSettings):
         "default engine_max_rows x 2 x the model's positions."
     )
     worker_procs: int = Field(1, ge=1, description="Worker processes on a host without GPUs (they split the cores).")
+    upload_cpus: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, min_length=1, description="CPUs a worker's S3 upload helper processes run on, as JSON (e.g. [0, 1]); "
+        "default: the worker's own. Their boto3 work (about 2 ms of CPU a job) then leaves the decoding thread's "
+        "cores alone.")
     worker_restart_max_s: float = Field(60.0, gt=0, description="Longest backoff before a crashed worker restarts "
                                         "(and between two attempts to load a worker's checkpoint).")
     health_stall_s: float = Field(
