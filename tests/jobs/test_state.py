@@ -7,23 +7,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
 
+from tests.sqlite_db import sessions  # noqa: F401 - fixture
 from yue2_jobs.core.config import Settings
-from yue2_jobs.db.migrate import upgrade_head
 from yue2_jobs.db.models import Job
-from yue2_jobs.db.session import session_factory
 from yue2_jobs.jobs import service
 from yue2_jobs.jobs.state import cancel_jobs, claim_jobs, finish_jobs
 from yue2_jobs.storage import LocalStorage
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade_head(url)
+def env(tmp_path: Path, sessions: sessionmaker[Session]) -> Any:  # noqa: F811
+    """Four new queued jobs in the module's database (each test reads and changes only its own)."""
     settings = Settings(home=tmp_path, inline_input_bytes=64)
-    sessions = session_factory(url)
     storage = LocalStorage(tmp_path / "storage")
     session = sessions()
     jobs = [service.create_job(session, tenant="t", body={"input": f"text {i}"}, settings=settings, storage=storage)
@@ -111,41 +109,3 @@ def test_status_never_moves_backwards_by_any_update_path(env: Any) -> None:
     session.execute(update(Job).values(lease_expires_at=None))
     session.commit()
     assert claim_jobs(session, job_ids=ids, worker="w", lease_s=60, max_attempts=3) == ([], [])
-
-
-def test_settings_are_validated_at_start(tmp_path: Path) -> None:
-    from pydantic import ValidationError
-
-    with pytest.raises(ValidationError, match="YUE2_DEFAULT_VARIANT"):
-        Settings(default_variant="nope")
-    with pytest.raises(ValidationError, match="YUE2_VISIBILITY_TIMEOUT_S"):
-        Settings(lease_s=3600, visibility_timeout_s=3600)
-
-
-def test_heartbeat_renews_leases_and_skips_rows_being_finished_on_postgres(tmp_path: Path) -> None:
-    """On the real Postgres: a row another transaction holds (the recorder finishing it) is skipped,
-    not waited for, so the heartbeat and the recorder cannot deadlock."""
-    from tests.pipeline.conftest import temporary_pg_database
-    from yue2_jobs.jobs.state import renew_leases
-
-    with temporary_pg_database("yue2_state") as url:
-        upgrade_head(url)
-        sessions = session_factory(url)
-        settings = Settings(home=tmp_path)
-        storage = LocalStorage(tmp_path / "storage")
-        with sessions() as s:
-            ids = [service.create_job(s, tenant="t", body={"input": f"t{i}"}, settings=settings, storage=storage).id
-                   for i in range(3)]
-            rows, _ = claim_jobs(s, job_ids=ids, worker="w", lease_s=5, max_attempts=3)
-            claims = {r.id: r.claim_token for r in rows}
-        recorder = sessions()
-        recorder.execute(select(Job).where(Job.id == ids[1]).with_for_update())  # holds row 1's lock
-        heartbeat = sessions()
-        heartbeat.execute(text("SET lock_timeout = '5s'"))  # a wait would fail the test, not hang it
-        assert renew_leases(heartbeat, claims=claims, lease_s=600) == 2
-        recorder.rollback()
-        with sessions() as s:
-            leases = dict(s.execute(select(Job.id, Job.lease_expires_at).where(Job.id.in_(ids))).all())
-        assert leases[ids[0]] > leases[ids[1]] and leases[ids[2]] > leases[ids[1]]
-        recorder.close()
-        heartbeat.close()

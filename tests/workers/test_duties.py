@@ -99,7 +99,7 @@ def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
 
 def test_a_worker_stops_every_duty_in_one_call(tmp_path: Path, sessions: sessionmaker[Session]) -> None:  # noqa: F811
     ctx = _ctx(tmp_path, sessions, [])
-    add_duties(ctx, app=None, held=HeldDeliveries("filesystem://", ctx.name), reconcile=False)  # type: ignore[arg-type]
+    add_duties(ctx, app=None, held=HeldDeliveries("filesystem://", ctx.name), reconcile=False)
     ctx.runtime.start()
     ours = {"lease-heartbeat", "status-report", "metrics-sampler", "held-deliveries"}
     assert ours <= set(ctx.runtime.names())

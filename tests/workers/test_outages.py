@@ -4,24 +4,20 @@ back to the reconciler; a finalization that fails is handed back at once."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
 from tests.pipeline.echo_runner import EchoRunner
 from workers.context import WorkerContext
 from workers.job_io import JobInput, JobOutput
 from workers.record import load_inputs, record
 from yue2_jobs.core.config import Settings
-from yue2_jobs.core.retry import retrying, transient
-from yue2_jobs.db.migrate import upgrade_head
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
-from yue2_jobs.db.session import session_factory
-from yue2_jobs.errors import StorageError, StorageUnavailableError
+from yue2_jobs.errors import StorageUnavailableError
 from yue2_jobs.jobs import files, service
 from yue2_jobs.jobs.batches import try_finalize
 from yue2_jobs.jobs.state import claim_jobs
@@ -57,51 +53,11 @@ class FlakyStorage(LocalStorage):
         return super().open(key)
 
 
-def test_transient_errors_are_outages_and_others_are_not() -> None:
-    assert transient(StorageUnavailableError("x"))
-    assert transient(OperationalError("SELECT 1", {}, Exception("server closed the connection")))
-    assert not transient(StorageError("access denied"))
-    assert not transient(ValueError("bad input"))
-
-
-def raiser(exc: Exception) -> Any:
-    def fn() -> None:
-        raise exc
-
-    return fn
-
-
-def test_retrying_backs_off_until_success_or_the_deadline() -> None:
-    calls = []
-
-    def flaky() -> str:
-        calls.append(time.monotonic())
-        if len(calls) < 3:
-            raise StorageUnavailableError("down")
-        return "ok"
-
-    assert retrying(flaky, deadline=time.monotonic() + 10, what="t", first_delay_s=0.01) == "ok"
-    assert len(calls) == 3 and calls[2] - calls[1] >= calls[1] - calls[0]  # the delay doubles
-    with pytest.raises(StorageUnavailableError):  # still down at the deadline: the last error
-        retrying(raiser(StorageUnavailableError("down")), deadline=time.monotonic() + 0.05, what="t",
-                 first_delay_s=0.01)
-    permanent: list[int] = []
-
-    def bad_input() -> None:
-        permanent.append(1)
-        raise ValueError("bad")
-
-    with pytest.raises(ValueError):
-        retrying(bad_input, deadline=time.monotonic() + 10, what="t")
-    assert permanent == [1]  # not retried
-
-
 @pytest.fixture
-def pipeline(tmp_path: Path) -> Any:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    upgrade_head(url)
+def pipeline(tmp_path: Path, sessions: sessionmaker[Session]) -> Any:
+    """Settings and the module's database (each test reads and changes only its own jobs and batch)."""
     settings = Settings(home=tmp_path, inline_input_bytes=64, outage_retry_s=5)
-    return settings, session_factory(url)
+    return settings, sessions
 
 
 def _ctx(settings: Settings, sessions: Any, storage: LocalStorage) -> WorkerContext:
