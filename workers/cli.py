@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from yue2_jobs.core.config import Settings, settings_or_exit
+from yue2_jobs.core.procs import WARM
 from yue2_jobs.fonts.params import FONTS_VARIANT
 
 PROG = "yue2-worker"
@@ -30,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--child", action="store_true", help="be one worker process (what the launcher starts)")
     p.add_argument("--name", default=None, help="Celery node name of a --child (default variant-pid@host)")
     p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")
+    p.add_argument("--stop-timeout", type=float, default=WARM.warm_s, metavar="S",
+                   help="on SIGTERM/SIGINT each worker process gets S seconds to finish and ack its micro-batch, "
+                   "then it is SIGKILLed (its jobs run again once their leases lapse); a second signal SIGKILLs "
+                   "at once (default %(default).0f; a container's stop grace period must exceed it)")
     return p
 
 
@@ -48,4 +53,5 @@ def main(argv: list[str] | None = None) -> int:
     return launch(variant=variant, procs=args.procs or settings.worker_procs, metrics_port=settings.metrics_port,
                   max_backoff_s=settings.worker_restart_max_s, ready_file=settings.worker_ready_file,
                   torch_threads=settings.torch_threads, host=args.host, dry_run=args.dry_run,
-                  gpus=[] if variant == FONTS_VARIANT else None)  # render workers: CPU processes
+                  gpus=[] if variant == FONTS_VARIANT else None,  # render workers: CPU processes
+                  stop_timeout_s=args.stop_timeout)

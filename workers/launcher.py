@@ -10,9 +10,14 @@
   splitting each node's CPUs between them, torch threads = their CPU count.
 
 `Supervisor` starts the children, restarts one that dies with exponential backoff (reset after
-it stays up), and turns SIGTERM/SIGINT into a warm shutdown: each child gets SIGTERM, finishes
-and acks its current micro-batch (Celery's warm shutdown; unstarted deliveries go back to
-Redis), and exits; the launcher exits when all have.
+it stays up), and turns SIGTERM/SIGINT into a warm shutdown (`procs.WARM`): each child gets
+SIGTERM once, finishes and acks its current micro-batch (Celery's warm shutdown; unstarted
+deliveries go back to Redis), and exits; one still running `stop_timeout_s` (default
+`procs.WORKER_WARM_S`, 60 s) later is SIGKILLed (its claims lapse and the reconciler reruns its
+jobs: nothing is lost). A second SIGTERM/SIGINT SIGKILLs them at once. Either way the launcher
+exits within `stop_timeout_s + procs.KILL_S` of the first signal, whether the signal came to it
+alone or to its whole process group (the children then get it too, and Celery ignores the
+launcher's repeat).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from workers.topology import GpuInfo, gpu_numa_node, numa_nodes, usable_cpus
-from yue2_jobs.core.procs import die_with_parent
+from yue2_jobs.core.procs import KILL_S, WARM, die_with_parent, wait_exited
 
 log = logging.getLogger("yue2.launcher")
 STABLE_S = 60.0  # a child up this long has its restart backoff reset
@@ -137,7 +142,9 @@ class Supervisor:
     max_backoff_s: float = 60.0
     ready_file: Path | None = None
     poll_s: float = 0.2
+    stop_timeout_s: float = WARM.warm_s  # a child's warm shutdown, at most; then SIGKILL
     stop: threading.Event = field(default_factory=threading.Event)
+    hurry: threading.Event = field(default_factory=threading.Event)  # a second signal: SIGKILL now
     state: list[_Running] = field(default_factory=list)
 
     def backoff(self, failures: int) -> float:
@@ -152,11 +159,13 @@ class Supervisor:
                  "" if run.spec.numa_node is None else f", NUMA node {run.spec.numa_node}")
 
     def stop_on_signals(self) -> None:
-        """SIGTERM and SIGINT (Ctrl-C) both start the warm shutdown."""
+        """SIGTERM and SIGINT (Ctrl-C) both start the warm shutdown; a second one cuts it short."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
 
     def request_stop(self, *_: object) -> None:
+        if self.stop.is_set():
+            self.hurry.set()
         self.stop.set()
 
     def run(self) -> int:
@@ -189,16 +198,33 @@ class Supervisor:
         return True
 
     def _shutdown(self) -> int:
-        live = [r for r in self.state if r.proc is not None and r.proc.poll() is None]
-        log.info("warm shutdown: %d worker(s) finish their current batch", len(live))
-        for run in live:
-            assert run.proc is not None
-            run.proc.send_signal(signal.SIGTERM)
+        """The warm shutdown: SIGTERM to each child, once (a child that got the signal from its
+        process group already is in its warm shutdown, and Celery ignores a repeat); up to
+        `stop_timeout_s` for them to exit, less if a second signal comes; SIGKILL to the rest.
+        Returns the first failing child's exit status (128 + signal for a killed one), else 0."""
+        procs = [r.proc for r in self.state if r.proc is not None and r.proc.poll() is None]
+        log.info("warm shutdown: %d worker(s) finish their current batch (up to %.0fs)", len(procs),
+                 self.stop_timeout_s)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        # Wakes when the children exit, and every poll_s to see whether a second signal (its
+        # handler runs here, between waits) asks for SIGKILL now.
+        while not self.hurry.is_set() and time.monotonic() < deadline:
+            if wait_exited([p.pid for p in procs], min(deadline, time.monotonic() + self.poll_s)):
+                break
+        late = [p for p in procs if p.poll() is None]
+        if late:
+            log.warning("%d worker(s) still running %s: SIGKILL (their jobs run again once their leases lapse)",
+                        len(late), "after a second signal" if self.hurry.is_set() else
+                        f"{self.stop_timeout_s:.0f}s after SIGTERM")
+            for proc in late:
+                proc.kill()
+            wait_exited([p.pid for p in late], time.monotonic() + KILL_S)
         code = 0
-        for run in live:
-            assert run.proc is not None
-            exit_code = run.proc.wait()  # every child, even after one failed: the launcher outlives them all
-            code = code or exit_code
+        for proc in procs:  # every child reaped, even after one failed: the launcher outlives them all
+            exit_code = proc.wait()
+            code = code or (128 - exit_code if exit_code < 0 else exit_code)
         return code
 
 
@@ -208,7 +234,7 @@ def _cpus_text(cpus: list[int]) -> str:
 
 def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float, ready_file: Path | None,
            torch_threads: int | None = None, host: str | None = None, dry_run: bool = False,
-           gpus: list[GpuInfo] | None = None) -> int:
+           gpus: list[GpuInfo] | None = None, stop_timeout_s: float = WARM.warm_s) -> int:
     from workers.topology import discover_gpus
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -223,6 +249,6 @@ def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float,
     if numactl is None and any(c.numa_node is not None for c in children):
         log.warning("numactl is not installed: CPU affinity is set, but memory is not bound to the NUMA node")
     log.info("%d GPU(s); starting %d worker process(es) for %s", len(gpus), len(children), variant)
-    sup = Supervisor(children, max_backoff_s=max_backoff_s, ready_file=ready_file)
+    sup = Supervisor(children, max_backoff_s=max_backoff_s, ready_file=ready_file, stop_timeout_s=stop_timeout_s)
     sup.stop_on_signals()
     return sup.run()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from tests.pipeline.conftest import wait_for
 from workers.launcher import ChildSpec, Supervisor, plan_children
 from workers.topology import GpuInfo, gpu_numa_node, normalize_bus_id, numa_nodes, parse_cpulist
+from yue2_jobs.core.procs import KILL_S
 
 
 def fake_sysfs(root: Path, nodes: dict[int, str], devices: dict[str, int]) -> Path:
@@ -96,6 +98,9 @@ PROBE = ("import json, os, sys, time; d = os.environ['PROBE_DIR']; tmp = os.path
          "'cpus': sorted(os.sched_getaffinity(0)), 'cuda': os.environ.get('CUDA_VISIBLE_DEVICES'), "
          "'threads': os.environ.get('OMP_NUM_THREADS')})); "
          "os.replace(tmp, os.path.join(d, f'{time.time_ns()}-{os.getpid()}.json')); time.sleep(600)")
+# A child deep in a micro-batch that will not end soon: SIGTERM and SIGINT change nothing for it.
+BUSY_PROBE = "import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); signal.signal(signal.SIGINT, " \
+             "signal.SIG_IGN); " + PROBE
 
 
 def _records(probe_dir: Path) -> list[dict]:
@@ -109,8 +114,9 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
     out = tmp_path / "children.log"
     script = tmp_path / "sup.py"
     script.write_text(
-        "import json, sys\n"
+        "import json, logging, sys\n"
         "from workers.launcher import ChildSpec, Supervisor\n"
+        "logging.basicConfig(level=logging.INFO)\n"  # as launch() does
         f"kids = [ChildSpec(**k) for k in json.loads({json.dumps(json.dumps([k.__dict__ for k in kids]))})]\n"
         f"sup = Supervisor(kids, **{kw!r})\n"
         "sup.stop_on_signals()\n"  # what launch() calls
@@ -118,7 +124,8 @@ def _run_supervisor(tmp_path: Path, kids: list[ChildSpec], **kw: float) -> tuple
     probes = tmp_path / "probes"
     probes.mkdir()
     proc = subprocess.Popen([sys.executable, str(script)], stdout=out.open("wb"), stderr=subprocess.STDOUT,
-                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PROBE_DIR": str(probes)})
+                            cwd=Path(__file__).resolve().parents[2], env={**os.environ, "PROBE_DIR": str(probes)},
+                            process_group=0)  # its own group, as a terminal's job has: a test may signal it all
     return proc, out
 
 
@@ -198,3 +205,55 @@ def test_no_child_outlives_the_launcher(tmp_path: Path, sig: int) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _busy_children(tmp_path: Path, stop_timeout_s: float) -> tuple[subprocess.Popen, Path, list[dict]]:
+    kids = plan_children(variant="base", gpus=[], procs=2, sysfs=tmp_path / "none",
+                         cpus=sorted(os.sched_getaffinity(0)), host="t", numactl=None,
+                         child_argv=[sys.executable, "-c", BUSY_PROBE])
+    proc, out = _run_supervisor(tmp_path, kids, max_backoff_s=1.0, stop_timeout_s=stop_timeout_s)
+    records = wait_for(lambda: len(_records(tmp_path / "probes")) >= 2 and _records(tmp_path / "probes"),
+                       timeout=60, what="both children", interval=0.05)
+    return proc, out, records
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["to-the-launcher", "to-its-group"])
+def test_a_warm_shutdown_that_outlasts_the_stop_timeout_ends_in_sigkill(tmp_path: Path, group: bool) -> None:
+    """Children that do not finish their micro-batch get `stop_timeout_s` after SIGTERM, then
+    SIGKILL: the launcher exits within stop_timeout_s + KILL_S however the signal came."""
+    stop_timeout_s = 2.0
+    proc, out, records = _busy_children(tmp_path, stop_timeout_s)
+    try:
+        t0 = time.monotonic()
+        if group:  # the children get it too, and the launcher's own SIGTERM after it
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        assert proc.wait(stop_timeout_s + KILL_S) == 128 + signal.SIGKILL
+        assert time.monotonic() - t0 >= stop_timeout_s  # the warm shutdown got its time
+        assert "2 worker(s) still running 2s after SIGTERM: SIGKILL" in out.read_text()
+        for r in records:  # reaped by the launcher before it exited
+            with pytest.raises(ProcessLookupError):
+                os.kill(r["pid"], 0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_second_signal_cuts_the_warm_shutdown_short(tmp_path: Path) -> None:
+    """Ctrl-C twice (to the group, as a terminal sends it): SIGKILL at once, not after the timeout."""
+    proc, out, records = _busy_children(tmp_path, stop_timeout_s=300.0)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        wait_for(lambda: "warm shutdown: 2 worker(s)" in out.read_text(), timeout=30, what="the warm shutdown")
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(KILL_S)
+        assert time.monotonic() - t0 < KILL_S
+        assert "2 worker(s) still running after a second signal: SIGKILL" in out.read_text()
+        for r in records:
+            with pytest.raises(ProcessLookupError):
+                os.kill(r["pid"], 0)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,9 +1,16 @@
-"""Child processes that never outlive the process that started them.
+"""Child processes that never outlive the process that started them, and stops that take a stated time.
 
 A program that starts workers (the demos, the worker launcher, a worker's upload helpers) must
-leave nothing behind however it ends: a SIGTERM or Ctrl-C runs its clean-up (`exit_on_sigterm`
-turns SIGTERM into `SystemExit`, so `finally` blocks run as they do for Ctrl-C), and if it is
-killed outright the kernel signals its children (`die_with_parent`, Linux's PR_SET_PDEATHSIG).
+leave nothing behind however it ends: the first SIGTERM or Ctrl-C runs its clean-up
+(`stop_once_on_signals` turns it into an exception, so `finally` blocks run, and ignores any
+further one, which would cut that clean-up short), and if it is killed outright the kernel signals
+its children (`die_with_parent`, Linux's PR_SET_PDEATHSIG).
+
+What a stop owes the workers it stops is decided here, once (`Owed`): `WARM` for a launcher's
+children (SIGTERM: each finishes and acks its micro-batch, for up to `WORKER_WARM_S`; then SIGKILL),
+`NOTHING` for a demo's (SIGKILL at once: their results are thrown away). Cutting a micro-batch
+short loses nothing: a killed worker's claims lapse after `YUE2_LEASE_S` and the reconciler reruns
+their jobs. A SIGKILLed process is gone within `KILL_S`.
 """
 
 from __future__ import annotations
@@ -12,16 +19,43 @@ import contextlib
 import ctypes
 import functools
 import os
+import select
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+
+# A worker's warm shutdown (its micro-batch finished, recorded and acked) gets this long after its
+# SIGTERM before it is SIGKILLed: long enough for a GPU micro-batch, short enough that a stop is
+# a stop. `yue2-worker --stop-timeout` overrides it; a container's stop grace period must exceed
+# it (docker-compose.yml gives 10 and 2 minutes).
+WORKER_WARM_S = 60.0
+# A SIGKILLed process tree is gone (its memory freed, its zombies reaped) within this; measured at
+# under 2.5 s for a worker holding a model on a loaded 2-core host.
+KILL_S = 10.0
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What stopping a worker owes it: `warm_s` seconds after SIGTERM to finish and ack its
+    micro-batch before SIGKILL (0: SIGKILL at once). The stop takes at most `bound_s`."""
+
+    warm_s: float
+
+    @property
+    def bound_s(self) -> float:
+        return self.warm_s + KILL_S
+
+
+WARM = Owed(WORKER_WARM_S)  # a launcher's children: the work they hold is kept
+NOTHING = Owed(0.0)  # a demo's workers: its results are thrown away with its directory
 
 
 def _libc_prctl() -> Any:
@@ -57,15 +91,50 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         _PRCTL(PR_SET_PDEATHSIG, sig)
 
 
-def _exit(signum: int, _frame: FrameType | None) -> None:
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_deferred: list[int] = []  # signals that arrived inside `signals_deferred`, raised at its end
+_deferring = [0]  # how deep in `signals_deferred` the main thread is
+
+
+def _stop(signum: int) -> None:
+    """The stop, begun once: every later stop signal is ignored (its clean-up must not be cut
+    short, and it owes no more than this one), and this one becomes an exception."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise SystemExit(128 + signum)
 
 
-def exit_on_sigterm() -> None:
-    """Make SIGTERM end this (main-thread) program the way Ctrl-C does: by an exception, so that
-    its `finally` blocks stop its children and remove its temporary files. Python's default is to
-    die at once, leaving both behind."""
-    signal.signal(signal.SIGTERM, _exit)
+def _on_stop_signal(signum: int, _frame: FrameType | None) -> None:
+    if _deferring[0]:
+        _deferred.append(signum)
+        return
+    _stop(signum)
+
+
+def stop_once_on_signals() -> None:
+    """Make the first SIGINT (Ctrl-C) or SIGTERM end this (main-thread) program by an exception
+    (KeyboardInterrupt, SystemExit(143)), so its `finally` blocks stop its children and remove its
+    files, and ignore every later one: a second Ctrl-C, or `make`'s SIGTERM followed by the one
+    its death sends (PDEATHSIG), would otherwise land in that clean-up. Python's default for
+    SIGTERM is to die at once, leaving both behind."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _on_stop_signal)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A step a stop must not land in the middle of (starting a child and taking note of it): a
+    stop signal that arrives inside is acted on when the block ends. For `stop_once_on_signals`'
+    handlers, in the main thread."""
+    _deferring[0] += 1
+    try:
+        yield
+    finally:
+        _deferring[0] -= 1
+    if _deferred and not _deferring[0]:
+        _stop(_deferred.pop(0))
 
 
 @contextlib.contextmanager
@@ -75,35 +144,33 @@ def shielded() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # only it may set handlers
         yield
         return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN), signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = [signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS]
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous[0])
-        signal.signal(signal.SIGINT, previous[1])
+        for sig, handler in zip(STOP_SIGNALS, previous, strict=True):
+            signal.signal(sig, handler)
 
 
-def stop_all(groups: list[subprocess.Popen[bytes]], *, grace_s: float = 30.0) -> None:
+def stop_all(groups: list[subprocess.Popen[bytes]], owed: Owed) -> None:
     """Stop children each started as the leader of its own process group (`process_group=0`), with
-    everything they started: SIGTERM to each group (a warm shutdown), up to `grace_s` in all for
-    the leaders to exit, then SIGKILL to every group still there; returns once every process of
-    every group is gone, so nothing they started writes anything afterwards."""
+    everything they started, paying what `owed` says: SIGTERM to each group and up to `warm_s` in
+    all for the leaders to exit, then SIGKILL to every group still there. Returns once no process
+    of any group runs, within `owed.bound_s`, so nothing they started writes anything afterwards."""
     with shielded():
+        if owed.warm_s > 0:
+            for proc in groups:
+                _signal_group(proc.pid, signal.SIGTERM)
+            wait_exited([proc.pid for proc in groups], time.monotonic() + owed.warm_s)
         for proc in groups:
-            _signal_group(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
+            _signal_group(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_S
         for proc in groups:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for proc in groups:
-            if _signal_group(proc.pid, 0):  # a leader or its descendants still running
-                _signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-            gone_by = time.monotonic() + 10.0
-            while _signal_group(proc.pid, 0) and time.monotonic() < gone_by:  # SIGKILLed members on their way out
-                time.sleep(0.01)
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILLed: only a hung kernel is slower
+                proc.wait(max(0.0, deadline - time.monotonic()))  # reaps the leader
+        while members := _running_members({proc.pid for proc in groups}):  # the rest, reparented to init
+            if not wait_exited(members, deadline):
+                break
 
 
 def _signal_group(pgid: int, sig: int) -> bool:
@@ -114,4 +181,65 @@ def _signal_group(pgid: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # a member that changed user: treated as present
+        return True
+
+
+def _running_members(pgids: set[int]) -> list[int]:
+    """The processes of groups `pgids` still running: a zombie (exited, not yet reaped by its
+    parent, perhaps init) runs nothing and writes nothing, so it does not count."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
+        except (OSError, IndexError):  # it exited while we looked
+            continue
+        if int(fields[2]) in pgids and fields[0] not in ("Z", "X"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def wait_exited(pids: Iterable[int], deadline: float) -> bool:
+    """Wait until every process in `pids` has exited (children or not: reaping is their parent's
+    business), or until `deadline` (a time.monotonic()); True if they all have. A pidfd becomes
+    readable when its process exits, so this wakes then, not at the next poll."""
+    pids = list(pids)
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:  # already gone
+                continue
+            except (AttributeError, OSError):  # no pidfds (not Linux, or a kernel before 5.3)
+                return _poll_exited(pids, deadline)
+        while fds:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            ready, _, _ = select.select(fds, [], [], remaining)
+            for fd in ready:
+                fds.remove(fd)
+                os.close(fd)
+        return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _poll_exited(pids: list[int], deadline: float) -> bool:
+    """`wait_exited` without pidfds: asks every 50 ms (a zombie counts as running here)."""
+    while True:
+        pids = [pid for pid in pids if _exists(pid)]
+        if not pids or time.monotonic() >= deadline:
+            return not pids
+        time.sleep(0.05)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
         return True

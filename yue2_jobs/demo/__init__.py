@@ -5,6 +5,11 @@ servers; everything else is the production code path. The demo migrates a fresh 
 the HTTP API (in this process) and a `yue2 worker` (a subprocess holding the shipped `base`
 checkpoint), submits a batch of held-out texts through the API as an OpenAI-style JSONL file,
 waits with a progress bar, prints a few summaries and the throughput, and stops the worker.
+
+A demo's stop owes nothing (`procs.NOTHING`): its results are thrown away with its directory, so
+its workers are SIGKILLed at once, never given a warm shutdown. However it is stopped (Ctrl-C to
+its process group, SIGTERM to it or to the `make` above it, once or twice, mid-micro-batch) it
+exits within `DEMO_STOP_S`, every process it started gone and its directory removed.
 """
 
 from __future__ import annotations
@@ -29,10 +34,25 @@ from tqdm import tqdm
 
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.paths import DATA
-from yue2_jobs.core.procs import die_with_parent, exit_on_sigterm, shielded, stop_all
+from yue2_jobs.core.procs import (
+    KILL_S,
+    NOTHING,
+    die_with_parent,
+    shielded,
+    signals_deferred,
+    stop_all,
+    stop_once_on_signals,
+)
 
 VARIANTS = ("base", "legal")
 SHOWN = 5  # examples printed per variant
+# The API thread gets this long to answer the requests in hand once told to exit, then as long
+# again told to exit at once (uvicorn's force_exit: no wait for open connections).
+SERVER_STOP_S = 5.0
+# A stopped demo exits within this of the signal: its workers SIGKILLed and gone (KILL_S, while the
+# API stops beside them), the API (2 x SERVER_STOP_S), the directory removed and the interpreter's
+# exit (a few seconds on a loaded 2-core host). tests/demo/test_signals.py holds it to this.
+DEMO_STOP_S = KILL_S + 2 * SERVER_STOP_S + 10.0
 
 
 def _start_api(settings: Settings) -> tuple[Any, threading.Thread, str]:
@@ -61,20 +81,26 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_worker(env: dict[str, str], *, variant: str, home: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def start_worker(env: dict[str, str], *, variant: str, home: Path,
+                 owner: dict[str, tuple[subprocess.Popen[bytes], Path]] | None = None,
+                 ) -> tuple[subprocess.Popen[bytes], Path]:
     """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists).
-    The worker gets SIGTERM if this process dies, however it dies."""
+    The worker gets SIGTERM if this process dies, however it dies. It is in `owner[variant]` from
+    the moment it exists, so a stop that lands while it loads finds it."""
     ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
-    proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=home,
-                            env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT, preexec_fn=die_with_parent, process_group=0)
+    with signals_deferred():  # a stop landing between Popen's fork and `owner` would miss the process
+        proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=home,
+                                env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent, process_group=0)
+        if owner is not None:
+            owner[variant] = (proc, log)
     try:
         while not ready.exists():  # the worker imports torch and loads the checkpoint first
             if proc.poll() is not None:
                 raise SystemExit(f"demo: the {variant} worker exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
             time.sleep(0.1)
     except BaseException:  # interrupted while it starts: it must not outlive us
-        stop_all([proc])
+        stop_all([proc], NOTHING)
         raise
     return proc, log
 
@@ -94,31 +120,32 @@ class EmbeddedStack:
 
     def worker(self, variant: str) -> subprocess.Popen[bytes]:
         """Start a worker for `variant` (see `start_worker`), owned by this stack."""
-        self.workers[variant] = start_worker(self.env, variant=variant, home=self.home)
-        return self.workers[variant][0]
+        return start_worker(self.env, variant=variant, home=self.home, owner=self.workers)[0]
 
 
 def stop_with_parent() -> None:
     """A demo's own lifetime: SIGTERM stops its workers and removes its directory as Ctrl-C does,
-    and it gets SIGTERM when whatever started it (`make`, a shell) dies."""
-    exit_on_sigterm()
+    a second one of either changes nothing, and it gets SIGTERM when whatever started it (`make`,
+    a shell) dies."""
+    stop_once_on_signals()
     die_with_parent(signal.SIGTERM)
 
 
 @contextlib.contextmanager
 def embedded_stack(*, prefix: str, tenant: str, keep: bool = False) -> Iterator[EmbeddedStack]:
     """The embedded pipeline's shared part, for the length of a `with`. However the block ends
-    (an error, Ctrl-C, or SIGTERM, which `exit_on_sigterm` turns into SystemExit) its workers are
-    stopped and its directory removed (unless `keep`)."""
+    (an error, Ctrl-C, or SIGTERM, which `stop_once_on_signals` turns into SystemExit) its workers
+    are SIGKILLed and its directory removed (unless `keep`), within `DEMO_STOP_S`."""
     from yue2_jobs.auth import create_api_key
     from yue2_jobs.db.migrate import upgrade_head
     from yue2_jobs.db.session import session_factory
 
-    home = Path(tempfile.mkdtemp(prefix=prefix))
+    home: Path | None = None
     server: Any = None
     thread: threading.Thread | None = None
     stack: EmbeddedStack | None = None
     try:
+        home = Path(tempfile.mkdtemp(prefix=prefix))
         print(f"embedded pipeline in {home}: SQLite database, filesystem queue, local storage", flush=True)
         env = embedded_env(home)
         # This process's settings are the embedded ones too: YUE2_* variables a user exported for
@@ -135,14 +162,26 @@ def embedded_stack(*, prefix: str, tenant: str, keep: bool = False) -> Iterator[
         yield stack
     finally:
         with shielded():
+            if server is not None:
+                server.should_exit = True  # it winds down while the workers die
             if stack is not None:
-                # A demo's results are thrown away: no long warm shutdown is owed to them.
-                stop_all([proc for proc, _ in stack.workers.values()], grace_s=10)
+                stop_all([proc for proc, _ in stack.workers.values()], NOTHING)
             if server is not None and thread is not None:
-                server.should_exit = True
-                thread.join(10)  # its last requests may still write under home
-            if not keep:
+                _stop_server(server, thread)  # its last requests may still write under home
+            if home is not None and not keep:
                 shutil.rmtree(home, ignore_errors=True)
+
+
+def _stop_server(server: Any, thread: threading.Thread) -> None:
+    """Wait for the API thread (already told to exit) up to SERVER_STOP_S, then tell it to exit
+    without waiting for open connections, and wait as long again. One still running after that is
+    left (a daemon thread), said so."""
+    thread.join(SERVER_STOP_S)
+    if thread.is_alive():
+        server.force_exit = True
+        thread.join(SERVER_STOP_S)
+    if thread.is_alive():
+        print(f"demo: the API did not stop within {2 * SERVER_STOP_S:.0f}s", file=sys.stderr, flush=True)
 
 
 def _show_examples(lines: list[dict], by_id: dict[str, dict[str, str]]) -> None:
