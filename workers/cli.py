@@ -32,9 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="Celery node name of a --child (default variant-pid@host)")
     p.add_argument("--no-reconcile", action="store_true", help="do not run the reconciler in this worker")
     p.add_argument("--stop-timeout", type=float, default=WARM.warm_s, metavar="S",
-                   help="on SIGTERM/SIGINT each worker process gets S seconds to finish and ack its micro-batch, "
-                   "then it is SIGKILLed (its jobs run again once their leases lapse); a second signal SIGKILLs "
-                   "at once (default %(default).0f; a container's stop grace period must exceed it)")
+                   help="on SIGTERM/SIGINT each worker process gets S seconds to finish the jobs it has started and "
+                   "ack its micro-batch (what it has not started goes back on the queue), then it is SIGKILLed "
+                   "(its jobs run again once their leases lapse); a second signal SIGKILLs at once (default "
+                   "%(default).0f; a container's stop grace period must exceed it). A --child exits on its own "
+                   "after S seconds too")
     return p
 
 
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         from workers.main import run_worker
 
-        run_worker(settings, variant=variant, name=args.name, reconcile=not args.no_reconcile)
+        run_worker(settings, variant=variant, name=args.name, reconcile=not args.no_reconcile,
+                   warm_s=args.stop_timeout)
         return 0
     from workers.launcher import launch
 

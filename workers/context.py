@@ -38,6 +38,11 @@ class WorkerContext:
         self._recorder = self.runtime.thread_pool("yue2-record", 1)
         self.uploader = Uploader(settings, storage, runtime=self.runtime)
         self.report_now = threading.Event()  # wakes the status report: a swap's transition is written at once
+        # Set when a warm shutdown begins: a micro-batch finishes what it started and starts nothing
+        # more; `requeue` puts what it did not start back on the queue before the micro-batch's ack
+        # (without one, e.g. in a test, those jobs stay queued until the reconciler republishes them).
+        self.draining = threading.Event()
+        self.requeue: Callable[[list[str]], None] = lambda job_ids: None
         self.swap = HotSwap(runner, load=load, spawn=self.runtime.spawn, on_change=self.report_now.set,
                             on_adopt=self._adopted)
 

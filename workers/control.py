@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from celery import Celery, bootsteps
-from celery.signals import task_postrun, task_prerun, worker_ready
+from celery.signals import task_postrun, task_prerun, worker_ready, worker_shutting_down
 from celery.worker.consumer import Consumer
 from celery.worker.consumer.tasks import Tasks
 from celery.worker.control import control_command
@@ -68,3 +68,14 @@ def write_when_ready(ready_file: Path, node: str) -> None:
     @worker_ready.connect(weak=False)
     def _ready(**_: object) -> None:
         ready_file.write_text(node)
+
+
+def drain_on_shutdown(draining: threading.Event, *, on_start: Callable[[], None]) -> None:
+    """When Celery's shutdown begins (SIGTERM, SIGINT, `celery control shutdown`): set `draining`,
+    so the micro-batch in progress starts nothing more, and call `on_start` once."""
+
+    @worker_shutting_down.connect(weak=False)
+    def _shutting_down(**_: object) -> None:
+        if not draining.is_set():
+            draining.set()
+            on_start()

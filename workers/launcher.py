@@ -70,9 +70,11 @@ def _split(cpus: list[int], parts: int) -> list[list[int]]:
 def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path = Path("/sys"),
                   cpus: list[int] | None = None, host: str | None = None, numactl: str | None = None,
                   child_argv: list[str] | None = None, metrics_port: int = 0,
-                  ready_file: Path | None = None, torch_threads: int | None = None) -> list[ChildSpec]:
+                  ready_file: Path | None = None, torch_threads: int | None = None,
+                  stop_timeout_s: float | None = None) -> list[ChildSpec]:
     """The children for this host. `numactl`: its path, or None when it is not installed.
-    `torch_threads`: a fixed thread count per child (default: its share of the CPUs)."""
+    `torch_threads`: a fixed thread count per child (default: its share of the CPUs).
+    `stop_timeout_s`: each child's own bound on its warm shutdown (it may outlive the launcher)."""
     host = host or socket.gethostname()
     allowed = set(cpus if cpus is not None else usable_cpus())
     nodes = {n: [c for c in cs if c in allowed] for n, cs in numa_nodes(sysfs).items()}
@@ -112,7 +114,9 @@ def plan_children(*, variant: str, gpus: list[GpuInfo], procs: int, sysfs: Path 
         if ready_file is not None:
             env["YUE2_WORKER_READY_FILE"] = str(ready_file.with_name(f"{ready_file.name}.{i}"))
         prefix = [numactl, f"--cpunodebind={node}", f"--membind={node}"] if numactl and node is not None else []
-        specs.append(ChildSpec(name=name, env=env, cpus=chunk, numa_node=node, argv=[*prefix, *argv, "--name", name]))
+        bound = [] if stop_timeout_s is None else ["--stop-timeout", f"{stop_timeout_s:g}"]
+        specs.append(ChildSpec(name=name, env=env, cpus=chunk, numa_node=node,
+                               argv=[*prefix, *argv, *bound, "--name", name]))
     return specs
 
 
@@ -242,7 +246,8 @@ def launch(*, variant: str, procs: int, metrics_port: int, max_backoff_s: float,
     gpus = discover_gpus() if gpus is None else gpus
     numactl = shutil.which("numactl")
     children = plan_children(variant=variant, gpus=gpus, procs=procs, numactl=numactl, metrics_port=metrics_port,
-                             ready_file=ready_file, torch_threads=torch_threads, host=host)
+                             ready_file=ready_file, torch_threads=torch_threads, host=host,
+                             stop_timeout_s=stop_timeout_s)
     if dry_run:
         print(json.dumps([c.__dict__ for c in children], indent=2))
         return 0

@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -24,6 +25,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from workers.protocol import Runner
 from workers.runtime import MetricsServer, WorkerRuntime
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.procs import WORKER_WARM_S
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.errors import CheckpointError
 from yue2_jobs.fonts.params import FONTS_VARIANT
@@ -136,7 +138,10 @@ def load_first_runner(settings: Settings, sessions: sessionmaker[Session], *, va
     return None if state.stop.is_set() else runner  # a stop asked for during a load that then succeeded
 
 
-def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True) -> None:
+def run_worker(settings: Settings, *, variant: str, name: str | None = None, reconcile: bool = True,
+               warm_s: float | None = None) -> None:
+    """One worker process, until it is stopped; `warm_s`: how long its warm shutdown may take
+    (default `procs.WORKER_WARM_S`), after which it exits on its own."""
     from workers.deliveries import HeldDeliveries
     from workers.status_row import claim_node_name
     from yue2_jobs.jobs import dead_workers
@@ -159,16 +164,16 @@ def run_worker(settings: Settings, *, variant: str, name: str | None = None, rec
         runner = load_first_runner(settings, sessions, variant=variant, node=node, runtime=runtime)
         if runner is not None:  # else stopped while it could not load: nothing was consumed
             _serve(settings, runner, app=app, sessions=sessions, node=node, held=held, runtime=runtime,
-                   reconcile=reconcile)
+                   reconcile=reconcile, warm_s=WORKER_WARM_S if warm_s is None else warm_s)
     finally:
         _stop(runtime, sessions=sessions, node=node, held=held)
 
 
 def _serve(settings: Settings, runner: Runner, *, app: Celery, sessions: sessionmaker[Session], node: str,
-           held: HeldDeliveries, runtime: WorkerRuntime, reconcile: bool) -> None:
+           held: HeldDeliveries, runtime: WorkerRuntime, reconcile: bool, warm_s: float) -> None:
     """Consume until Celery's warm shutdown is done (SIGTERM, SIGINT, `celery control shutdown`)."""
     from workers.context import WorkerContext
-    from workers.control import install_swap_commands, take_nothing_while_busy, write_when_ready
+    from workers.control import drain_on_shutdown, install_swap_commands, take_nothing_while_busy, write_when_ready
     from workers.duties import add_duties
     from workers.tasks import register
 
@@ -185,8 +190,11 @@ def _serve(settings: Settings, runner: Runner, *, app: Celery, sessions: session
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node,
                         runtime=runtime, load=load)
     _announce(ctx)
+    ctx.requeue = lambda job_ids: _requeue(ctx, app, job_ids)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx.swap)
+    drain_on_shutdown(ctx.draining, on_start=lambda: runtime.spawn(
+        "warm-shutdown-bound", lambda: bound_warm_shutdown(runtime.stopped, warm_s)))
     if settings.worker_ready_file is not None:
         write_when_ready(settings.worker_ready_file, node)
     add_duties(ctx, app=app, held=held, reconcile=reconcile)
@@ -199,6 +207,31 @@ def _serve(settings: Settings, runner: Runner, *, app: Celery, sessions: session
     app.worker_main(["worker", "--pool", "threads", "--concurrency", "1", "--queues", queue_for(variant),
                      "--hostname", node, "--loglevel", "INFO", "--without-gossip", "--without-mingle",
                      "--task-events"])
+
+
+def _requeue(ctx: WorkerContext, app: Celery, job_ids: list[str]) -> None:
+    """Put jobs a stopping micro-batch did not start back on the queue (before its ack drops their
+    messages); if that fails they stay queued and the reconciler republishes them."""
+    from yue2_jobs.queue import publish
+
+    try:
+        with ctx.sessions() as session:
+            sent = publish(app, session, [(j, ctx.runner.variant) for j in job_ids], chunk=ctx.settings.batch_max_jobs)
+        log.info("stopping: %d jobs not started here are back on the queue", sent)
+    except Exception as exc:  # the broker or the database away: the reconciler's grace, then republished
+        log.warning("stopping: %d jobs not started here are left for the reconciler (%s: %s)", len(job_ids),
+                    type(exc).__name__, exc)
+
+
+def bound_warm_shutdown(stopped: threading.Event, warm_s: float) -> None:
+    """Exit `warm_s` after a warm shutdown began, unless the worker has stopped by then (a worker
+    whose launcher is gone, or a `--child` run alone, has no one else to bound it). Nothing is lost:
+    the claims it holds lapse and the reconciler reruns those jobs."""
+    if not stopped.wait(warm_s):
+        log.error("the warm shutdown has not ended %.0fs after it began: exiting now; the jobs in hand run again "
+                  "once their leases lapse", warm_s)
+        logging.shutdown()
+        os._exit(75)  # EX_TEMPFAIL
 
 
 def _stop(runtime: WorkerRuntime, *, sessions: sessionmaker[Session], node: str, held: HeldDeliveries) -> None:

@@ -53,6 +53,7 @@ class MicroBatch:
         # Seconds the decoding thread spent claiming and waiting for the recorder: the micro-batch's
         # log line says them (the pipeline benchmark sums them).
         self.claim_s = self.wait_s = 0.0
+        self.unstarted: list[str] = []  # ids left unclaimed because the worker is stopping (`leave`)
 
     def __enter__(self) -> MicroBatch:
         return self
@@ -68,6 +69,11 @@ class MicroBatch:
         """The batches of this micro-batch's jobs, one entry a job (None: not in a batch): a batch is
         finalized early once the last of them is recorded, not after every slice."""
         self._left.update(b for b in batch_ids if b is not None)
+
+    def leave(self, groups: Iterable[list[str]]) -> None:
+        """Start none of `groups`: the worker is stopping (`WorkerContext.draining`). Their ids are
+        put back on the queue when the micro-batch ends (`process_jobs`), before its ack."""
+        self.unstarted.extend(j for group in groups for j in group)
 
     def claim(self, job_ids: list[str]) -> list[ClaimedJob]:
         """Claim `job_ids` (those this worker may now run); the heartbeat renews them from now on.

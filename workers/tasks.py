@@ -37,7 +37,8 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
 
     Returns once every result is recorded, so the caller's ack never precedes the record. If it
     raises (an outage outlasted `outage_retry_s`), every claim it took is let go: their leases run
-    out and the reconciler reruns those jobs, and jobs it never claimed are still `queued`.
+    out and the reconciler reruns those jobs, and jobs it never claimed are still `queued`. Once the
+    worker is stopping it starts no further group: what it did not start goes back on the queue.
     """
     s = ctx.settings
     job_ids = list(dict.fromkeys(job_ids))
@@ -64,6 +65,9 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             groups = []
         todo = deque([*groups, *([j] for j in suspects)])
         while todo:
+            if ctx.draining.is_set():  # a warm shutdown: finish what runs, start nothing more
+                batch.leave(todo)
+                break
             if others := share.due():  # other tenants' waiting jobs go first, while own ones remain
                 todo.extendleft(reversed([others[i:i + size] for i in range(0, len(others), size)]))
             group = todo.popleft()
@@ -80,6 +84,8 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             decode_s += time.perf_counter() - t_decode
             batch.record(runner, rows=rows, inputs=inputs, outputs=outputs, failed=failed)
     batch.finish()
+    if batch.unstarted:
+        ctx.requeue(batch.unstarted)
     log.info("micro-batch of %d jobs (and %d of other tenants) in %.3fs, %.3fs of it decoding; claim %.3fs, "
              "waiting for the recorder %.3fs", len(job_ids), share.started, time.perf_counter() - t_start, decode_s,
              batch.claim_s, batch.wait_s)

@@ -90,3 +90,32 @@ def test_a_batch_whose_last_job_ran_out_of_attempts_is_finalized(worker: Callabl
     process_jobs(ctx, [poison])  # redelivered: failed at its claim, nothing runs, the batch ends
     assert statuses(ctx, [poison, fine]) == ["failed", "succeeded"]
     assert batch_row(ctx, batch_id).status == BatchStatus.COMPLETED
+
+
+@pytest.mark.parametrize("path", ["engine", "static"])
+def test_a_warm_shutdown_finishes_what_runs_and_puts_the_rest_back_on_the_queue(
+        worker: Callable[..., WorkerContext], path: str) -> None:
+    """Once the worker is stopping (`ctx.draining`, set by Celery's warm shutdown), the micro-batch
+    starts no further group: the jobs it claimed finish and are recorded, the rest go back on the
+    queue (`ctx.requeue`) before the ack, unclaimed; a stop costs one working set, not 32 x 32 jobs."""
+    requeued: list[list[str]] = []
+    if path == "engine":
+        engine = FakeEngine(max_rows=2, finish_per_step=1)
+        runner: Runner = EngineEchoRunner(engine)
+    else:
+        runner = EchoRunner()
+    ctx = worker(runner, batch_max_jobs=2)
+    ctx.requeue = requeued.append
+    ids = new_jobs(ctx, [f"t{i}" for i in range(8)])
+    if path == "engine":
+        engine.on_step = lambda _: ctx.draining.set()  # SIGTERM while the first rows decode
+    else:
+        runner.run = lambda jobs, run=runner.run: (ctx.draining.set(), run(jobs))[1]  # type: ignore[method-assign]
+    process_jobs(ctx, ids)
+    done = [s == "succeeded" for s in statuses(ctx, ids)]
+    started = sum(done)
+    assert done == [True] * started + [False] * (len(ids) - started)  # claimed in order: a prefix finished
+    assert 2 <= started <= 4  # what was claimed when the stop came (the engine: its rows and its queue)
+    assert statuses(ctx, ids)[started:] == ["queued"] * (len(ids) - started)  # never claimed
+    assert requeued == [ids[started:]]
+    assert not ctx.claims  # every claim it took ended
