@@ -1,7 +1,8 @@
 """Two markers. `slow`: tests that need the servers (Postgres, Redis, moto), start processes
-(workers, the demo, docker compose, a wheel build, network namespaces) or run long model work;
-`make test-fast` leaves them out. `servers`: the tests under tests/pipeline, which share Postgres,
-Redis and their databases and so run one at a time; `make test` runs everything else spread over
+(workers, the demo, docker compose, a wheel build, network namespaces) or run long model work
+(the folders in SLOW_DIRS, and the tests named in LONG_TESTS); `make test-fast` leaves them out.
+`servers`: the tests under tests/pipeline, which share Postgres, Redis and their databases and so
+run one at a time; `make test` runs everything else spread over
 the cores first (each keeps to a database, a Redis database and ports of its own), then these."""
 
 from __future__ import annotations

@@ -90,14 +90,14 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
             batch.leave(todo)
             todo.clear()
         while todo and len(engine.waiting) < engine.max_rows and not ctx.swap.pending:
-            decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin)
+            decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin, fresh=True)
         t0 = time.perf_counter()
         results = engine.step()
-        decode_s += time.perf_counter() - t0
         for res in results:
             job = fin.inputs[res.request.key]
             # A row that failed with its whole step is rerun alone, to find the culprit.
             fin.add(job, runner.run([job])[0] if res.isolate else runner.output_of(res))
+        decode_s += time.perf_counter() - t0  # detokenizing included: decoding's own work, not the pipeline's
         try:
             ctx.metrics.engine_progress(engine)
         except Exception:  # monitoring must never fail a batch
@@ -111,10 +111,11 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
 
 
 def _admit_group(ctx: WorkerContext, batch: MicroBatch, group: list[str], runner: EngineRunner,
-                 engine: ContinuousBatcher[str], fin: _Finished, *, first: bool = False) -> float:
+                 engine: ContinuousBatcher[str], fin: _Finished, *, first: bool = False, fresh: bool = False) -> float:
     """Claim `group` and hand its jobs to the engine (or, those it cannot take, to `runner.run`);
-    returns the seconds `runner.run` decoded. `first`: ahead of the engine's waiting line."""
-    rows = batch.claim(group)
+    returns the seconds spent tokenizing them and in `runner.run` (decoding's own work). `first`:
+    ahead of the engine's waiting line; `fresh`: read as never started (`MicroBatch.claim`)."""
+    rows = batch.claim(group, fresh=fresh)
     if not rows:
         return 0.0
     inputs, failed, _ = load_inputs(ctx, rows)
@@ -123,15 +124,13 @@ def _admit_group(ctx: WorkerContext, batch: MicroBatch, group: list[str], runner
         batch.record(runner, rows=[r for r in rows if r.id in failed_ids], inputs=[], outputs=[], failed=failed)
     fin.rows.update((r.id, r) for r in rows)
     fin.inputs.update((j.id, j) for j in inputs)
+    t0 = time.perf_counter()
     other = [j for j in inputs if not runner.continuous_ok(j)]
     requests, bad = runner.requests_for([j for j in inputs if runner.continuous_ok(j)])
     for j in inputs:
         if j.id in bad:
             fin.add(j, bad[j.id])
     engine.submit(requests, first=first)
-    if not other:
-        return 0.0
-    t0 = time.perf_counter()
-    for j, out in zip(other, runner.run(other), strict=True):
+    for j, out in zip(other, runner.run(other) if other else [], strict=True):
         fin.add(j, out)
     return time.perf_counter() - t0

@@ -75,14 +75,15 @@ class MicroBatch:
         put back on the queue when the micro-batch ends (`process_jobs`), before its ack."""
         self.unstarted.extend(j for group in groups for j in group)
 
-    def claim(self, job_ids: list[str]) -> list[ClaimedJob]:
+    def claim(self, job_ids: list[str], *, fresh: bool = False) -> list[ClaimedJob]:
         """Claim `job_ids` (those this worker may now run); the heartbeat renews them from now on.
-        Jobs that used up their attempts end `failed` here; their batches are finalized too."""
+        Jobs that used up their attempts end `failed` here; their batches are finalized too.
+        `fresh`: the caller read them all as never started (`claim_jobs`)."""
         s = self.ctx.settings
 
         def once() -> tuple[list[ClaimedJob], list[str]]:
             return claim_jobs(self.session, job_ids=job_ids, worker=self.ctx.name, lease_s=s.lease_s,
-                              max_attempts=s.max_attempts)
+                              max_attempts=s.max_attempts, fresh=fresh)
 
         t0 = time.perf_counter()
         rows, exhausted = in_db(self.ctx, self.session, f"claiming {len(job_ids)} jobs", once)

@@ -64,6 +64,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             decode_s += run_continuous(ctx, batch, groups, share=share)
             groups = []
         todo = deque([*groups, *([j] for j in suspects)])
+        fresh_ids = set(fresh)
         while todo:
             if ctx.draining.is_set():  # a warm shutdown: finish what runs, start nothing more
                 batch.leave(todo)
@@ -74,7 +75,7 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
             if len(group) == 1 and group[0] in suspects:
                 batch.wait()  # a suspect may kill this process: keep what is done so far
             ctx.swap.adopt()  # a hot swap lands between groups
-            rows = batch.claim(group)
+            rows = batch.claim(group, fresh=fresh_ids.issuperset(group))
             if not rows:
                 continue
             runner = ctx.runner

@@ -84,6 +84,21 @@ def test_a_job_claimed_max_attempts_times_ends_failed(env: Any) -> None:
     assert job.status == "failed" and job.error["code"] == "max_attempts_exceeded"
 
 
+def test_a_fresh_claim_takes_only_what_has_attempts_left(env: Any) -> None:
+    """`fresh`: the worker read the jobs as never started, so the claim is one statement; a job
+    started since (by workers that died) up to its limit is left alone, and failed by a later,
+    full claim."""
+    session, ids, *_ = env
+    for _ in range(2):
+        claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=2)
+        expire_leases(session, ids[:1])
+    rows, exhausted = claim_jobs(session, job_ids=ids[:2], worker="w", lease_s=60, max_attempts=2, fresh=True)
+    assert [r.id for r in rows] == [ids[1]] and exhausted == []
+    assert status(session, ids[0]) == ("running", 2)  # its lease lapsed: still claimable
+    session.expunge_all()  # the ORM would compare SQLite's naive times with the claim's in Python
+    assert claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=2) == ([], [ids[0]])
+
+
 def test_cancel_running_discards_the_result(env: Any) -> None:
     session, ids, *_ = env
     (row,), _ = claim_jobs(session, job_ids=ids[:1], worker="w", lease_s=60, max_attempts=3)

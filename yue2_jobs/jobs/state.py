@@ -48,12 +48,15 @@ def _claimable(now: Any) -> Any:
 
 
 def claim_jobs(session: Session, *, job_ids: list[str], worker: str, lease_s: float,
-               max_attempts: int) -> tuple[list[ClaimedJob], list[str]]:
-    """Claim the claimable ones of `job_ids`; returns (claimed rows, ids failed for too many attempts)."""
+               max_attempts: int, fresh: bool = False) -> tuple[list[ClaimedJob], list[str]]:
+    """Claim the claimable ones of `job_ids`; returns (claimed rows, ids failed for too many attempts).
+    `fresh`: the caller read every one as never started, so none is looked at for attempts used up
+    (one statement, not two; one started since by a worker that died, many times over, is left
+    unclaimed here and failed by a later claim)."""
     if not job_ids:
         return [], []
     now = utcnow()
-    exhausted = session.execute(
+    exhausted = [] if fresh else session.execute(
         update(Job)
         .where(Job.id.in_(job_ids), _claimable(now), Job.attempts >= max_attempts)
         .values(status=JobStatus.FAILED, finished_at=now, claim_token=None, lease_expires_at=None,
