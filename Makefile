@@ -31,7 +31,7 @@ test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not servers" tests
 	$(PY) -m pytest -q -m servers tests
 
-# The unit tests: no servers, no subprocess workers (about a minute on 2 cores).
+# The unit tests: no servers, no subprocesses, no long model work (tests/conftest.py says which).
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow" tests
 

@@ -10,15 +10,15 @@ them run its duties, each a `Service` the `WorkerRuntime` starts and stops in on
 - `Loop`: a function that runs until its stop event is set (the status report); a stop also sets
   its `wake` event, which the loop waits on between rounds, so it ends at once.
 - `Pool`: a thread or process pool (the recorder, the uploads), shut down after the threads that
-  submit to it.
-- `spawn`: a one-shot thread (a hot swap's load), joined on stop.
+  submit to it; a process pool's helpers exit with this process however it ends.
+- `spawn`: a one-shot thread (a hot swap's load, the warm shutdown's bound), joined on stop.
 - `MetricsServer`: Prometheus' HTTP server thread, shut down on stop.
 
 Stopping is one call, `WorkerRuntime.stop(timeout_s)`: every thread is told at once and joined in
 reverse start order, then the pools are shut down (a thread may still hand them work), all against
-one deadline, so a stop takes at most `timeout_s` whatever its
-services do (a thread still running then is named in the log and left: every thread here is a
-daemon, and the process is exiting). Nothing here is started at import or by a constructor.
+one deadline, so a stop takes at most `timeout_s` whatever its services do (a thread still running
+then is named in the log and left: every thread here is a daemon, and the process is exiting).
+Nothing here is started at import or by a constructor.
 """
 
 from __future__ import annotations
