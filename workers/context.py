@@ -21,7 +21,8 @@ from yue2_jobs.storage import Storage
 
 class WorkerContext:
     """One worker process's shared state. Every thread it has is its `runtime`'s; every field is
-    set here and only `claims` (under `lock`) and the swap (under its own lock) change later.
+    set here (`requeue` by the worker once its Celery app exists) and only `claims` (under `lock`),
+    the swap (under its own lock) and the events change later.
 
     `load(version)`: a runner for another version of the variant (None: no hot swap)."""
 

@@ -70,12 +70,12 @@ def write_when_ready(ready_file: Path, node: str) -> None:
         ready_file.write_text(node)
 
 
-def drain_on_shutdown(draining: threading.Event, *, on_start: Callable[[], None]) -> None:
-    """When Celery's shutdown begins (SIGTERM, SIGINT, `celery control shutdown`): set `draining`,
-    so the micro-batch in progress starts nothing more, and call `on_start` once."""
+def drain_on_shutdown(draining: threading.Event) -> None:
+    """When Celery's warm shutdown begins on a signal (SIGTERM, SIGINT: what the launcher and a
+    container's stop send): set `draining`, so the micro-batch in progress starts nothing more.
+    Celery sends no such signal for a remote `celery control shutdown`: that stop finishes its
+    whole micro-batch, unbounded by the worker (the launcher's --stop-timeout still holds)."""
 
     @worker_shutting_down.connect(weak=False)
     def _shutting_down(**_: object) -> None:
-        if not draining.is_set():
-            draining.set()
-            on_start()
+        draining.set()  # only an Event: a signal handler must take no lock another thread may hold

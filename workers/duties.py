@@ -83,7 +83,8 @@ def status_report(ctx: WorkerContext, stopping: threading.Event) -> None:
             log.exception("could not report this worker's status")
         else:
             last_report = time.monotonic() if write else last_report
-        ctx.report_now.wait(SWAP_POLL_S)
+        if not stopping.is_set():  # a stop's wake-up may have been cleared by the round just done
+            ctx.report_now.wait(SWAP_POLL_S)
 
 
 def status_round(ctx: WorkerContext, *, write: bool) -> None:

@@ -83,12 +83,12 @@ def _continuous_loop(ctx: WorkerContext, batch: MicroBatch, groups: list[list[st
                 fin.flush(batch, runner)
             ctx.swap.adopt()
             runner, engine = _engine_of(ctx)
-        # Only while its own jobs are still to start: then the engine drains and the micro-batch ends.
-        if share is not None and todo and not ctx.swap.pending and (others := share.due()):
-            decode_s += _admit_group(ctx, batch, others, runner, engine, fin, first=True)
         if todo and ctx.draining.is_set():  # a warm shutdown: the rows in the engine finish, nothing more starts
             batch.leave(todo)
             todo.clear()
+        # Only while its own jobs are still to start: then the engine drains and the micro-batch ends.
+        if share is not None and todo and not ctx.swap.pending and (others := share.due()):
+            decode_s += _admit_group(ctx, batch, others, runner, engine, fin, first=True)
         while todo and len(engine.waiting) < engine.max_rows and not ctx.swap.pending:
             decode_s += _admit_group(ctx, batch, todo.popleft(), runner, engine, fin, fresh=True)
         t0 = time.perf_counter()

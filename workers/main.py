@@ -193,8 +193,8 @@ def _serve(settings: Settings, runner: Runner, *, app: Celery, sessions: session
     ctx.requeue = lambda job_ids: _requeue(ctx, app, job_ids)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx.swap)
-    drain_on_shutdown(ctx.draining, on_start=lambda: runtime.spawn(
-        "warm-shutdown-bound", lambda: bound_warm_shutdown(runtime.stopped, warm_s)))
+    drain_on_shutdown(ctx.draining)
+    runtime.loop("warm-shutdown-bound", lambda stopping: bound_warm_shutdown(ctx.draining, stopping, warm_s))
     if settings.worker_ready_file is not None:
         write_when_ready(settings.worker_ready_file, node)
     add_duties(ctx, app=app, held=held, reconcile=reconcile)
@@ -223,14 +223,18 @@ def _requeue(ctx: WorkerContext, app: Celery, job_ids: list[str]) -> None:
                     type(exc).__name__, exc)
 
 
-def bound_warm_shutdown(stopped: threading.Event, warm_s: float) -> None:
-    """Exit `warm_s` after a warm shutdown began, unless the worker has stopped by then (a worker
-    whose launcher is gone, or a `--child` run alone, has no one else to bound it). Nothing is lost:
-    the claims it holds lapse and the reconciler reruns those jobs."""
+def bound_warm_shutdown(draining: threading.Event, stopped: threading.Event, warm_s: float) -> None:
+    """Once a warm shutdown has begun (`draining`), exit `warm_s` later unless the worker has
+    stopped by then (a worker whose launcher is gone, or a `--child` run alone, has no one else to
+    bound it). Nothing is lost: the claims it holds lapse and the reconciler reruns those jobs. A
+    runtime duty from the start: Celery's signal handler only sets `draining`."""
+    while not draining.wait(1.0):  # woken within a second of either: a stop without a drain ends it too
+        if stopped.is_set():
+            return
     if not stopped.wait(warm_s):
-        log.error("the warm shutdown has not ended %.0fs after it began: exiting now; the jobs in hand run again "
-                  "once their leases lapse", warm_s)
-        logging.shutdown()
+        # Straight to stderr, not through logging: a handler's lock held elsewhere must not hold the exit.
+        os.write(2, f"yue2-worker: the warm shutdown has not ended {warm_s:.0f}s after it began: exiting now; the "
+                    f"jobs in hand run again once their leases lapse\n".encode())
         os._exit(75)  # EX_TEMPFAIL
 
 

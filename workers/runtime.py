@@ -16,8 +16,8 @@ them run its duties, each a `Service` the `WorkerRuntime` starts and stops in on
 
 Stopping is one call, `WorkerRuntime.stop(timeout_s)`: every thread is told at once and joined in
 reverse start order, then the pools are shut down (a thread may still hand them work), all against
-one deadline, so a stop takes at most `timeout_s` whatever its services do (a thread still running
-then is named in the log and left: every thread here is a daemon, and the process is exiting).
+one deadline, so `stop` returns within `timeout_s` whatever its services do (one still running
+then is named in the log and left; a pool's threads are joined again when the process exits).
 Nothing here is started at import or by a constructor.
 """
 
@@ -143,7 +143,13 @@ class Pool:
 
     @property
     def executor(self) -> Executor:
+        """The executor, made on first use; a process pool broken by a helper's death is replaced
+        (its work in flight has failed with `BrokenExecutor`; the next hands go to new helpers)."""
         with self._lock:
+            if self._executor is not None and getattr(self._executor, "_broken", False):
+                log.warning("pool %s broke (a helper process died): starting new helpers", self.name)
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
             if self._executor is None:
                 self._executor = self._make()
             return self._executor
@@ -295,19 +301,22 @@ class WorkerRuntime:
         service.start()
 
     def stop(self, timeout_s: float) -> list[str]:
-        """Tell every service to stop, then wait for them (threads first, pools last: a thread may
-        still hand a pool work) until one deadline; returns the names of those still running."""
+        """Tell every service to stop, then wait for them (threads first, then the pools one by one
+        in the order added: a thread may still hand a pool work) until one deadline; returns the
+        names of those still running."""
         self.stopped.set()
         with self._lock:
             services = list(self._services)
         deadline = time.monotonic() + timeout_s
         threads = [s for s in reversed(services) if not isinstance(s, Pool)]
         pools = [s for s in services if isinstance(s, Pool)]
-        late: list[str] = []
-        for group in (threads, pools):
-            for service in group:
-                service.signal_stop()
-            late += [s.name for s in group if not s.join(deadline - time.monotonic())]
+        for service in threads:
+            service.signal_stop()
+        late = [s.name for s in threads if not s.join(deadline - time.monotonic())]
+        for pool in pools:  # in the order added, one after the other: the recorder feeds the uploads
+            pool.signal_stop()
+            if not pool.join(deadline - time.monotonic()):
+                late.append(pool.name)
         if late:
             log.warning("still running %.1fs after the stop, left to end with the process: %s", timeout_s,
                         ", ".join(late))

@@ -108,7 +108,12 @@ class HotSwap:
             if refusal is not None:
                 return refusal
             self._move(SwapStatus(version=version, state=SwapState.LOADING))
-        self._spawn("yue2-swap", lambda: self._load_version(version))
+        try:
+            self._spawn("yue2-swap", lambda: self._load_version(version))
+        except Exception as exc:  # the worker is stopping, or no thread could start: not loading after all
+            with self._lock:
+                self._move(replace(self._status, state=SwapState.FAILED, error=f"{type(exc).__name__}: {exc}"))
+            return {"failed": self._status.error}
         return {"ok": "loading", **self.current()}
 
     def _refusal(self, variant: str, version: str) -> Answer | None:

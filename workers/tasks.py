@@ -67,7 +67,8 @@ def process_jobs(ctx: WorkerContext, job_ids: list[str]) -> None:
         fresh_ids = set(fresh)
         while todo:
             if ctx.draining.is_set():  # a warm shutdown: finish what runs, start nothing more
-                batch.leave(todo)
+                # Other tenants' jobs fair share put here have their own messages still queued.
+                batch.leave([j for j in group if j in fresh_ids or j in suspects] for group in todo)
                 break
             if others := share.due():  # other tenants' waiting jobs go first, while own ones remain
                 todo.extendleft(reversed([others[i:i + size] for i in range(0, len(others), size)]))

@@ -9,14 +9,16 @@ and a helper runs up to PUTS_PER_HELPER of them at once (a PUT waits on the netw
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, Executor, Future, ThreadPoolExecutor
 from functools import partial
 
 from workers.runtime import WorkerRuntime
 from yue2_jobs.core.config import Settings
 from yue2_jobs.core.retry import retrying
+from yue2_jobs.errors import StorageUnavailableError
 from yue2_jobs.storage import Storage, storage_from_url
 
 _storage: Storage | None = None
@@ -29,7 +31,11 @@ Item = tuple[str, bytes, str]  # key, data, content type
 def _init(url: str, endpoint_url: str | None, region: str, cpus: list[int] | None) -> None:
     global _storage
     if cpus:  # YUE2_UPLOAD_CPUS: off the decoding thread's cores
-        os.sched_setaffinity(0, cpus)
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:  # not CPUs this container may use: the PUTs still run, on the worker's
+            logging.getLogger("yue2.worker").warning("YUE2_UPLOAD_CPUS %s: %s; the upload helpers run on the "
+                                                     "worker's CPUs", cpus, exc)
     # A SIGTERM sent to the whole process group (systemd's default, `kill -- -PGID`) must not kill
     # the helpers under a worker's warm shutdown: they finish the batch's PUTs and exit when the
     # worker shuts the pool down, or with the worker if it dies.
@@ -92,8 +98,12 @@ class Uploader:
 
 
 def _settle(futures: list[Future[None]], task: Future[list[BaseException | None]]) -> None:
-    """Each item's future from its helper task's answer (the task's own failure fails them all)."""
+    """Each item's future from its helper task's answer (the task's own failure fails them all). A
+    helper that died is an outage, not the jobs' fault: their jobs are given back to run again, and
+    the pool starts new helpers (`runtime.Pool`)."""
     exc = task.exception()
+    if isinstance(exc, BrokenExecutor):
+        exc = StorageUnavailableError(f"the upload helpers died ({exc})")
     errors = [exc] * len(futures) if exc is not None else task.result()
     for future, error in zip(futures, errors, strict=True):
         if error is None:

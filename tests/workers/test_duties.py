@@ -73,8 +73,10 @@ def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
         _ask(sessions, ctx.name, "v1")
         status_round(ctx, write=False)  # a poll between two writes: it reads the request and starts the load
         assert ctx.report_now.wait(10)  # a step of the swap asks for a write at once
-        while ctx.swap.status().state != "serving":
+        while True:  # cleared before the state is read: a step between the two still wakes the wait
             ctx.report_now.clear()
+            if ctx.swap.status().state == "serving":
+                break
             assert ctx.report_now.wait(10)
         status_round(ctx, write=True)
         row = _row(sessions, ctx.name)
@@ -84,8 +86,10 @@ def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
 
         _ask(sessions, ctx.name, "broken")
         status_round(ctx, write=False)
-        while ctx.swap.status().state != "failed":
+        while True:
             ctx.report_now.clear()
+            if ctx.swap.status().state == "failed":
+                break
             assert ctx.report_now.wait(10)
         status_round(ctx, write=True)
         row = _row(sessions, ctx.name)

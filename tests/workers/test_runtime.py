@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import BrokenExecutor
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _die() -> None:
+    os._exit(1)
+
+
+def test_a_process_pool_broken_by_a_dead_helper_gets_new_helpers() -> None:
+    rt = WorkerRuntime()
+    helpers = rt.process_pool("put", 1, initializer=int, initargs=())
+    with pytest.raises(BrokenExecutor):
+        helpers.executor.submit(_die).result(timeout=60)
+    assert helpers.executor.submit(_pid).result(timeout=60) != os.getpid()  # a new helper serves
+    assert rt.stop(30) == []

@@ -1,10 +1,12 @@
 """Child processes that never outlive the process that started them, and stops that take a stated time.
 
-A program that starts workers (the demos, the worker launcher, a worker's upload helpers) must
-leave nothing behind however it ends: the first SIGTERM or Ctrl-C runs its clean-up
+A program that starts workers (the demos, the worker launcher) must leave nothing behind however
+it ends: the first SIGTERM or Ctrl-C runs its clean-up
 (`stop_once_on_signals` turns it into an exception, so `finally` blocks run, and ignores any
 further one, which would cut that clean-up short), and if it is killed outright the kernel signals
-its children (`die_with_parent`, Linux's PR_SET_PDEATHSIG).
+its children (`die_with_parent`, Linux's PR_SET_PDEATHSIG). A worker's upload helpers exit with it
+by another means (`workers/runtime.py`): they are spawned by a thread, whose end PR_SET_PDEATHSIG
+would take for the worker's.
 
 What a stop owes the workers it stops is decided here, once (`Owed`): `WARM` for a launcher's
 children (SIGTERM: each finishes and acks its micro-batch, for up to `WORKER_WARM_S`; then SIGKILL),
