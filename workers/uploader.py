@@ -93,11 +93,11 @@ class Uploader:
         for part in range(min(HELPERS, len(items))):  # one task a helper
             idx = list(range(part, len(items), HELPERS))
             task = self.pool.submit(_put_many, [items[i] for i in idx], deadline)
-            task.add_done_callback(partial(_settle, [futures[i] for i in idx]))
+            task.add_done_callback(partial(settle, [futures[i] for i in idx]))
         return futures
 
 
-def _settle(futures: list[Future[None]], task: Future[list[BaseException | None]]) -> None:
+def settle(futures: list[Future[None]], task: Future[list[BaseException | None]]) -> None:
     """Each item's future from its helper task's answer (the task's own failure fails them all). A
     helper that died is an outage, not the jobs' fault: their jobs are given back to run again, and
     the pool starts new helpers (`runtime.Pool`)."""

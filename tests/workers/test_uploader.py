@@ -9,7 +9,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from workers.uploader import _settle
+from workers.uploader import settle
 from yue2_jobs.core.retry import transient
 from yue2_jobs.errors import StorageError, StorageUnavailableError
 
@@ -27,7 +27,7 @@ def _task(result: list[BaseException | None] | None = None, error: BaseException
 def test_each_item_settles_from_its_helpers_answer() -> None:
     futures: list[Future[None]] = [Future() for _ in range(3)]
     refused = StorageError("access denied to out/b.json")
-    _settle(futures, _task([None, refused, None]))
+    settle(futures, _task([None, refused, None]))
     assert [f.exception() for f in futures] == [None, refused, None]
 
 
@@ -35,7 +35,7 @@ def test_each_item_settles_from_its_helpers_answer() -> None:
                                               (StorageError("no such bucket"), False)])
 def test_a_failed_helper_task_fails_its_items_a_dead_helper_as_an_outage(error: BaseException, rerun: bool) -> None:
     futures: list[Future[None]] = [Future() for _ in range(2)]
-    _settle(futures, _task(error=error))
+    settle(futures, _task(error=error))
     errors = [f.exception() for f in futures]
     assert all(e is not None for e in errors)
     assert [transient(e) for e in errors if e is not None] == [rerun, rerun]  # given back, or the jobs fail
