@@ -63,6 +63,15 @@ def _ask(sessions: sessionmaker[Session], name: str, version: str) -> None:  # n
         session.commit()
 
 
+def _wait_for(ctx: WorkerContext, state: str) -> None:
+    """Until the swap reaches `state`, woken by each step's report request."""
+    while True:  # cleared before the state is read: a step between the two still wakes the wait
+        ctx.report_now.clear()
+        if ctx.swap.status().state == state:
+            return
+        assert ctx.report_now.wait(10)
+
+
 def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
         tmp_path: Path, sessions: sessionmaker[Session]) -> None:  # noqa: F811
     loads: list[str] = []
@@ -73,11 +82,7 @@ def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
         _ask(sessions, ctx.name, "v1")
         status_round(ctx, write=False)  # a poll between two writes: it reads the request and starts the load
         assert ctx.report_now.wait(10)  # a step of the swap asks for a write at once
-        while True:  # cleared before the state is read: a step between the two still wakes the wait
-            ctx.report_now.clear()
-            if ctx.swap.status().state == "serving":
-                break
-            assert ctx.report_now.wait(10)
+        _wait_for(ctx, "serving")
         status_round(ctx, write=True)
         row = _row(sessions, ctx.name)
         assert (row.checkpoint, row.swap_version, row.swap_state, row.swap_error) == ("base@v1", "v1", "serving", None)
@@ -86,11 +91,7 @@ def test_the_watchdogs_request_swaps_the_worker_and_each_step_reaches_the_row(
 
         _ask(sessions, ctx.name, "broken")
         status_round(ctx, write=False)
-        while True:
-            ctx.report_now.clear()
-            if ctx.swap.status().state == "failed":
-                break
-            assert ctx.report_now.wait(10)
+        _wait_for(ctx, "failed")
         status_round(ctx, write=True)
         row = _row(sessions, ctx.name)
         assert (row.checkpoint, row.swap_version, row.swap_state) == ("base@v1", "broken", "failed")
