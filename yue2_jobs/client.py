@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from yue2_jobs.core.config import normalize_api_url
 from yue2_jobs.errors import PipelineError
 
 TERMINAL_JOB = {"succeeded", "failed", "cancelled"}
@@ -59,7 +60,9 @@ def _retry_after_s(response: httpx.Response) -> float:
 
 class Client:
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 60.0) -> None:
-        self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout,
+        """`base_url`: the API's URL, with or without /v1 (`normalize_api_url`)."""
+        self.base_url = normalize_api_url(base_url, setting="base_url")
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout,
                                  headers={"Authorization": f"Bearer {api_key}"},
                                  transport=_RetryTooMany(httpx.HTTPTransport()))
 
@@ -68,8 +71,10 @@ class Client:
             try:
                 err = response.json()["error"]
                 raise ApiError(response.status_code, err["message"], err.get("param"))
-            except (ValueError, KeyError):
-                raise ApiError(response.status_code, response.text[:500]) from None
+            except (ValueError, KeyError, TypeError):
+                # Not the API's error shape: something else answers at this URL; say which URL.
+                raise ApiError(response.status_code, f"{response.text[:300]} (from {response.request.method} "
+                               f"{response.request.url}; is the yue2 API at {self.base_url}?)") from None
         return response.json()
 
     def submit_job(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -95,6 +100,10 @@ class Client:
         return self._json(self.http.post("/v1/batches", json={"input_file_id": input_file_id, "endpoint": endpoint,
                                                               "completion_window": "24h", "metadata": metadata,
                                                               "experiment_id": experiment_id}))
+
+    def retry_failed(self, batch_id: str) -> dict[str, Any]:
+        """A new batch of an ended batch's lines without a result, `metadata.retry_of` naming it."""
+        return self._json(self.http.post(f"/v1/batches/{batch_id}/retry_failed"))
 
     def create_experiment(self, *, variants: list[dict[str, Any]], mode: str = "split", name: str = ""
                           ) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import argparse
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,6 +42,42 @@ def test_every_argument_has_help_and_shows_its_default() -> None:
     assert not no_default, f"defaults not shown: {no_default}"
 
 
+ENV_NAME = re.compile(r"\$?\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b")  # YUE2_API_PORT, $YUE2_API_KEY
+
+
+def vague_defaults(parser: argparse.ArgumentParser, path: str = "yue2") -> list[str]:
+    """Each `default: ...` that the --help of `parser` or of any subcommand prints for an argument and
+    that gives no value: empty, `None`, or only environment variables (`default: YUE2_FLOWER_PORT`)."""
+    found = []
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += vague_defaults(sub, f"{path} {name}")
+        elif action.help:
+            text = " ".join(formatter._expand_help(action).split())  # as --help prints it, %(default)s filled in
+            for said in re.findall(r"default: ([^)]*)", text):
+                rest = re.sub(r"[\s,;:.]+", "", ENV_NAME.sub("", said))  # what is said besides variable names
+                if not rest or said.strip() == "None" or "%(" in said:
+                    found.append(f"{path} {'/'.join(action.option_strings) or action.dest}: default: {said}")
+    return found
+
+
+def test_every_help_gives_each_default_a_value() -> None:
+    assert vague_defaults(build_parser(train_arguments=True)) == []
+
+
+def test_a_default_that_names_only_a_variable_is_caught() -> None:
+    parser = argparse.ArgumentParser(prog="yue2")
+    sub = parser.add_subparsers().add_parser("flower")
+    sub.add_argument("--port", help="default: YUE2_FLOWER_PORT")
+    sub.add_argument("--address", default="127.0.0.1", help="address (default: %(default)s)")
+    sub.add_argument("--key", help="(default: $YUE2_API_KEY)")
+    sub.add_argument("--poll", type=float, default=None, help="seconds (default: %(default)s)")
+    assert vague_defaults(parser) == ["yue2 flower --port: default: YUE2_FLOWER_PORT",
+                                      "yue2 flower --key: default: $YUE2_API_KEY", "yue2 flower --poll: default: None"]
+
+
 def test_durations_name_their_unit() -> None:
     wait = build_parser().parse_args(["wait", "job_x"])
     assert wait.poll == 1.0
@@ -76,29 +111,6 @@ def test_a_database_never_migrated_says_run_migrate(capsys: pytest.CaptureFixtur
     assert err == "yue2: error: the database has no yue2-jobs tables: run `yue2 migrate` first\n"
 
 
-class _FakeClient:
-    """`Client.wait` as the API answers it: a running batch, then the completed one."""
-
-    def wait(self, object_id: str, *, poll_s: float, timeout_s: float | None, on_update: Any) -> dict[str, Any]:
-        state: dict[str, Any] = {"id": object_id, "status": "in_progress",
-                                 "request_counts": {"total": 4, "completed": 1, "failed": 0}}
-        on_update(state)
-        state = {**state, "status": "completed", "request_counts": {"total": 4, "completed": 4, "failed": 0}}
-        on_update(state)
-        return state
-
-
-def test_wait_draws_its_final_line_once(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from yue2_jobs.cli import jobs
-
-    monkeypatch.setattr(jobs, "client", lambda args: _FakeClient())
-    assert main(["wait", "batch_abc", "--api-key", "k"]) == 0
-    captured = capsys.readouterr()
-    finals = [part for part in captured.err.replace("\r", "\n").splitlines() if "completed" in part]
-    assert len(finals) == 1 and "4/4" in finals[0], captured.err
-    assert '"status": "completed"' in captured.out
-
-
 def test_stack_up_names_what_is_missing_and_how_to_start_it(capsys: pytest.CaptureFixture[str],
                                                              tmp_path: Path) -> None:
     assert main(["stack", "up", "--database-url", f"sqlite:///{tmp_path / 'db.sqlite'}",
@@ -107,9 +119,3 @@ def test_stack_up_names_what_is_missing_and_how_to_start_it(capsys: pytest.Captu
     progress, error = captured.err.splitlines()  # what was checked, then the one-line failure
     assert progress == "stack: database ok" and captured.out == ""  # nothing for `eval` to run
     assert error.startswith("yue2: error: cannot reach Redis at redis://127.0.0.1:9/0") and "redis-server" in error
-
-
-def test_health_without_an_api_says_so(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(["health", "--api-url", "http://127.0.0.1:9"])
-    assert exc.value.code == 1 and '"status": "no answer: ConnectError"' in capsys.readouterr().out

@@ -51,10 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     # transformers reads this when (and only if) a command imports it; importing it here would cost
     # every command seconds of torch import.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        try:
+            return _run(sys.argv[1:] if argv is None else argv)
+        finally:
+            sys.stdout.flush()  # here, not at exit, so that a reader gone before the last write is met below
+    except BrokenPipeError:  # from any command's output, --help's included
+        return _output_closed()
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser(train_arguments=argv[:1] in (["train"], ["train-drafter"])).parse_args(argv)
     try:
         args.func(args)
+    except BrokenPipeError:
+        raise  # the reader of our output left: main() ends quietly
     except KeyboardInterrupt:
         print("yue2: interrupted", file=sys.stderr)
         return 130
@@ -64,6 +75,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"yue2: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return 0
+
+
+SIGPIPE_EXIT = 128 + 13  # what a shell reports for a writer its reader left (`yes | head -1`), as for `cat`
+
+
+def _output_closed() -> int:
+    """The reader of our output went away (`yue2 results ID | head`): stop quietly, as `cat` does.
+    Standard output is pointed at /dev/null first, so the interpreter's flush at exit does not
+    print a second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a file (a test's capture): nothing of ours is flushed to it at exit
+        pass
+    return SIGPIPE_EXIT
 
 
 if __name__ == "__main__":

@@ -29,14 +29,19 @@ def one_line(exc: BaseException) -> str:
     if names & {"sqlalchemy.OperationalError", "sqlalchemy.ProgrammingError"}:
         return _database(exc)
     if "httpx.TransportError" in names:
-        try:
-            url = exc.request.url  # type: ignore[attr-defined]
-            where = f" at {url.scheme}://{url.netloc.decode()}"
-        except RuntimeError:  # an error raised before any request was made
-            where = ""
-        return (f"cannot reach the API{where} ({type(exc).__name__}): start it with `yue2 api`, or pass "
-                f"--api-url / set YUE2_API_URL")
+        return _no_answer(exc)
     return f"{type(exc).__name__}: {_flat(str(exc))}{DEBUG_HINT}"
+
+
+def _no_answer(exc: BaseException) -> str:
+    """An API that did not answer, named by the URL tried, with where that URL came from."""
+    try:
+        url = exc.request.url  # type: ignore[attr-defined]
+        where = f" at {url.scheme}://{url.netloc.decode()} ({exc.request.method} {url.path}: "  # type: ignore[attr-defined]
+    except RuntimeError:  # an error raised before any request was made
+        where = " ("
+    return (f"cannot reach the API{where}{type(exc).__name__}): start it with `yue2 api`; the CLI calls "
+            f"YUE2_API_HOST:YUE2_API_PORT, where `yue2 api` listens, unless --api-url or YUE2_API_URL says otherwise")
 
 
 def _database(exc: BaseException) -> str:

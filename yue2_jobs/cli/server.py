@@ -10,7 +10,8 @@ import logging
 import time
 from typing import Any
 
-from yue2_jobs.cli.common import add_api_url, settings
+from yue2_jobs.cli.common import add_api_url, api_url, settings
+from yue2_jobs.core.config import Settings
 
 
 def _migrate(args: argparse.Namespace) -> None:
@@ -32,13 +33,14 @@ def _health(args: argparse.Namespace) -> None:
     """Print the API's /healthz; with --wait, poll until it answers ok (exit 1 if it never does)."""
     import httpx
 
+    url = f"{api_url(args)}/healthz"
     deadline = time.monotonic() + (args.wait or 0.0)
     while True:
         try:
-            r = httpx.get(f"{args.api_url.rstrip('/')}/healthz", timeout=5.0)
+            r = httpx.get(url, timeout=5.0)
             body, ok = r.json(), r.status_code == 200
         except (httpx.TransportError, ValueError) as exc:
-            body, ok = {"status": f"no answer: {type(exc).__name__}"}, False
+            body, ok = {"status": f"no answer from {url}: {type(exc).__name__}"}, False
         if ok or time.monotonic() >= deadline:
             print(json.dumps(body))
             if not ok:
@@ -135,13 +137,21 @@ def _demo(args: argparse.Namespace) -> None:
     demo_main(items=args.items)
 
 
+def _default(field: str) -> Any:
+    """A setting's built-in default, for --help (one home: `Settings`)."""
+    return Settings.model_fields[field].default
+
+
 def add_commands(sub: Any) -> None:
     p = sub.add_parser("migrate", help="bring the database to the newest schema (alembic upgrade head)")
-    p.add_argument("--database-url", default=None, help="default: YUE2_DATABASE_URL")
+    p.add_argument("--database-url", default=None, help="SQLAlchemy URL (default: YUE2_DATABASE_URL, else the "
+                   "SQLite file yue2.db in YUE2_HOME, else in .yue2)")
     p.set_defaults(func=_migrate)
     p = sub.add_parser("api", help="serve the HTTP API")
-    p.add_argument("--host", default=None, help="address to listen on (default: YUE2_API_HOST, else 127.0.0.1)")
-    p.add_argument("--port", type=int, default=None, help="port (default: YUE2_API_PORT, else 8000)")
+    p.add_argument("--host", default=None, help=f"address to listen on (default: YUE2_API_HOST, else "
+                   f"{_default('api_host')})")
+    p.add_argument("--port", type=int, default=None, help=f"port (default: YUE2_API_PORT, else {_default('api_port')}; "
+                   f"set YUE2_API_PORT rather than --port and the CLI finds the API there too)")
     p.set_defaults(func=_api)
     p = sub.add_parser("health", help="print the API's /healthz (database, broker, storage); exit 1 unless ok")
     p.add_argument("--wait", type=float, default=0.0, help="seconds to keep asking until it answers ok")
@@ -154,9 +164,11 @@ def add_commands(sub: Any) -> None:
                    "them: it says which)")
     p.set_defaults(func=_watchdog)
     p = sub.add_parser("flower", help="serve Flower (Celery monitoring) with basic auth")
-    p.add_argument("--port", type=int, default=None, help="default: YUE2_FLOWER_PORT")
+    p.add_argument("--port", type=int, default=None, help=f"port Flower listens on (default: YUE2_FLOWER_PORT, "
+                   f"else {_default('flower_port')})")
     p.add_argument("--address", default="127.0.0.1", help="address Flower listens on")
-    p.add_argument("--basic-auth", default=None, help="user:password (default: YUE2_FLOWER_BASIC_AUTH)")
+    p.add_argument("--basic-auth", default=None, help="user:password (default: YUE2_FLOWER_BASIC_AUTH; with neither, "
+                   "Flower does not start)")
     p.set_defaults(func=_flower)
     p = sub.add_parser("reconcile", help="one reconciler pass and the due webhooks; no pass while a worker runs "
                        "the passes (the output's `reconciler` names it)")

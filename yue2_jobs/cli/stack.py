@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from yue2_jobs.cli.common import settings
+from yue2_jobs.core.config import Settings, openai_base_url
 from yue2_jobs.errors import Yue2Error
 
 DEFAULT_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/yue2"
@@ -143,11 +144,27 @@ def _up(args: argparse.Namespace) -> None:
     _say("database migrated")
     with session_factory(db)() as session:
         key = create_api_key(session, tenant=args.tenant, name="yue2 stack up")
-    _say(f"API key created for tenant {args.tenant}")
+    _say(f"API key created for tenant {args.tenant}: in YUE2_API_KEY (another: `yue2 apikey create --tenant NAME`)")
     exports = {"YUE2_DATABASE_URL": db, "YUE2_BROKER_URL": broker, "YUE2_STORAGE_URL": f"s3://{args.bucket}/outputs",
                "YUE2_S3_ENDPOINT_URL": endpoint, **S3_KEYS, "YUE2_API_KEY": key}
     for name, value in exports.items():
         print(f"export {name}={shlex.quote(value)}")
+    for line in _client_lines(s):
+        _say(line)  # on stderr, seen under `eval`; and as comments in what `eval` runs, seen without it
+        print(f"# {line}")
+
+
+def _client_lines(s: Settings) -> list[str]:
+    """Where the API will listen and how each client reaches it. YUE2_API_URL is not exported: the
+    CLI derives the URL from YUE2_API_HOST and YUE2_API_PORT, so moving the API stays one setting."""
+    try:
+        url = s.client_api_url
+    except ValueError as exc:  # YUE2_API_PORT=0: the API picks its port
+        return [f"{exc}"]
+    moved = "set by YUE2_API_URL" if s.api_url else "an exported YUE2_API_PORT moves both"
+    return [f"`yue2 api` listens on {s.api_host}:{s.api_port} and every yue2 command calls {url} ({moved})",
+            f"the openai client: OpenAI(base_url=\"{openai_base_url(url)}\", api_key=<YUE2_API_KEY>), or "
+            f"export OPENAI_BASE_URL={openai_base_url(url)} OPENAI_API_KEY=\"$YUE2_API_KEY\""]
 
 
 def _down(args: argparse.Namespace) -> None:

@@ -193,7 +193,11 @@ class Settings(BaseSettings):
 
     # --- API
     api_host: str = Field("127.0.0.1", description="Address `yue2 api` binds.")
-    api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds.")
+    api_port: int = Field(8000, ge=0, le=65535, description="Port `yue2 api` binds; the CLI calls it there too, so "
+                          "moving the API takes this one setting.")
+    api_url: str | None = Field(None, description="The API's URL for the CLI and the Python client, with or "
+                                "without /v1, when it is not where `api_host` and `api_port` say (another host, "
+                                "a proxy); default: `client_api_url`.")
     header_timeout_s: float = Field(15.0, gt=0, description="A client must send a request's headers within this "
                                     "many seconds of connecting or of its previous response (slowloris).")
     keep_alive_s: int = Field(5, ge=1, description="An idle keep-alive connection is closed after this many seconds.")
@@ -222,6 +226,8 @@ class Settings(BaseSettings):
                              f"({sorted(self.checkpoints)})")
         if self.default_max_new_tokens > self.max_new_tokens_limit:
             raise ValueError("YUE2_DEFAULT_MAX_NEW_TOKENS exceeds YUE2_MAX_NEW_TOKENS_LIMIT")
+        if self.api_url is not None:
+            normalize_api_url(self.api_url, setting="YUE2_API_URL")  # refused at start, not at the first call
         if self.visibility_timeout_s < 4 * self.lease_s:
             # Redis redelivering a task whose worker still holds a live claim only wastes a delivery
             # (the claim guard makes it a no-op), but it must not happen on every long batch.
@@ -247,6 +253,44 @@ class Settings(BaseSettings):
     @property
     def queue_dir(self) -> Path:
         return (self.home / "queue").resolve()
+
+    @property
+    def client_api_url(self) -> str:
+        """Where a client on this machine reaches the API, without /v1: `api_url` when set, else the
+        address `yue2 api` binds (`api_host`, `api_port`), a wildcard address read as loopback."""
+        if self.api_url is not None:
+            return normalize_api_url(self.api_url, setting="YUE2_API_URL")
+        if self.api_port == 0:
+            raise ValueError("YUE2_API_PORT=0 lets `yue2 api` pick a free port, which a client cannot know: set "
+                             "YUE2_API_URL (or pass --api-url)")
+        host = LOOPBACK_FOR_WILDCARD.get(self.api_host, self.api_host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.api_port}"
+
+
+# A server bound to every address is reached, from its own machine, on loopback.
+LOOPBACK_FOR_WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "127.0.0.1", "": "127.0.0.1"}
+API_PREFIX = "/v1"  # every route of the API but /healthz, /metrics and /ui
+
+
+def normalize_api_url(url: str, *, setting: str = "--api-url") -> str:
+    """The API's base URL as the CLI and `Client` use it: scheme and host, no trailing slash and no
+    `/v1` (the routes add it); `http://` when no scheme is given. The `openai` client wants the
+    same URL with `/v1`: `openai_base_url`."""
+    text = url.strip()
+    if "://" not in text:
+        text = f"http://{text}"
+    scheme, _, rest = text.partition("://")
+    text = f"{scheme.lower()}://{rest}".rstrip("/")
+    if text.endswith(API_PREFIX):
+        text = text[: -len(API_PREFIX)].rstrip("/")
+    if scheme.lower() not in ("http", "https") or not text.partition("://")[2] or any(c in text for c in "?# "):
+        raise ValueError(f"{setting}={url!r} is not the API's URL: want http(s)://host:port, with or without /v1")
+    return text
+
+
+def openai_base_url(api_url: str) -> str:
+    """The `base_url` the `openai` client takes for the API at `api_url`: it must end in /v1."""
+    return normalize_api_url(api_url) + API_PREFIX
 
 
 @lru_cache
