@@ -9,6 +9,7 @@ from typing import Any
 from yue2_jobs.db.models import Experiment, File, Job, JobStatus
 from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.jobs.batch_service import BatchState
+from yue2_jobs.jobs.batches import line_error
 from yue2_jobs.jobs.keys import file_key
 from yue2_jobs.jobs.outputs import decoding, facts_of, usage
 from yue2_jobs.storage import Storage
@@ -43,6 +44,15 @@ def job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, 
             view["output"] = None
             view["files"] = {suffix: storage.url(file_key(job.output_key, suffix), expires_s=presign_expiry_s)
                              for suffix in ("svg", "png") if fmt in (suffix, "both")}
+    return view
+
+
+def batch_job_view(job: Job, *, storage: Storage, presign_expiry_s: int) -> dict[str, Any]:
+    """A batch's job as the console's line browser lists it: the job, with the error its line has in
+    the error file (a line cancelled before it ran has none stored)."""
+    view = job_view(job, storage=storage, presign_expiry_s=presign_expiry_s)
+    if job.status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        view["error"] = line_error(job.error)
     return view
 
 

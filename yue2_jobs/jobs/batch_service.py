@@ -27,6 +27,7 @@ from yue2_jobs.storage import SPOOL_BYTES, Storage
 
 ENDED = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.FAILED)
 MAX_METADATA_PAIRS = 16
+MAX_SEARCH_CHARS = 512  # `search` in the batch list: as long as a metadata value may be
 RETRY_CLAIM = timedelta(minutes=10)  # longer than creating a retry takes; an older claim's creator died
 
 
@@ -60,11 +61,26 @@ def read(session: Session, *, tenant: str, batch_id: str) -> BatchState:
     return _state(session, service.get_batch(session, tenant=tenant, batch_id=batch_id))
 
 
-def list_batches(session: Session, *, tenant: str, limit: int, after: str | None) -> tuple[list[BatchState], bool]:
-    """A page of the tenant's batches, newest first, and whether more follow."""
-    found = page(session, Batch, tenant=tenant, limit=limit, after=after)
+def list_batches(session: Session, *, tenant: str, limit: int, after: str | None,
+                 search: str | None = None) -> tuple[list[BatchState], bool]:
+    """A page of the tenant's batches, newest first, and whether more follow; with `search`, only
+    those whose id, `metadata.name` or `metadata.source` (the names the console shows) contains it,
+    whatever the case."""
+    found = page(session, Batch, tenant=tenant, limit=limit, after=after, where=_matching(search))
     counts = service.request_counts_of(session, [b.id for b in found.rows])
     return [BatchState(batch=b, counts=counts[b.id]) for b in found.rows], found.has_more
+
+
+def _matching(search: str | None) -> tuple[Any, ...]:
+    if not search:
+        return ()
+    if len(search) > MAX_SEARCH_CHARS:
+        raise LimitExceededError(field="search", limit=MAX_SEARCH_CHARS, actual=len(search), unit="characters",
+                                 status=400)
+    # `autoescape`: a % or _ typed in the box is that character, not a wildcard.
+    return (or_(Batch.id.icontains(search, autoescape=True),
+                Batch.metadata_["name"].as_string().icontains(search, autoescape=True),
+                Batch.metadata_["source"].as_string().icontains(search, autoescape=True)),)
 
 
 def cancel(session: Session, *, tenant: str, batch_id: str, storage: Storage) -> BatchState:

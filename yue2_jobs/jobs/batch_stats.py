@@ -1,6 +1,6 @@
 """What the batch console shows of one batch: counts by status, by variant and by checkpoint
-version, its throughput and ETA, and its first failed lines. One grouped query, one time query and
-one small error query.
+version, its throughput and ETA, and its first failed lines (one grouped query, one time query and
+one small error query); and its jobs, a page at a time, for the console's line browser.
 
 Throughput is the batch's own average: the jobs that ran, over the time from the first job's
 start to now while it runs, or to the last job's finish once nothing is left (a final figure that
@@ -12,15 +12,18 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
+from yue2_jobs.core.safe import ID_SHAPE
+from yue2_jobs.db.listing import Page, check_limit
 from yue2_jobs.db.models import Job, JobStatus
 from yue2_jobs.db.session import as_utc, utcnow
+from yue2_jobs.errors import InvalidRequestError
 from yue2_jobs.jobs.batches import line_error
 from yue2_jobs.jobs.service import get_batch
 
-ERRORS_SHOWN = 5  # failed lines the console previews
+ERRORS_SHOWN = 5  # failed lines the stats preview (the console browses them all: batch_jobs)
 
 
 def batch_stats(session: Session, *, tenant: str, batch_id: str) -> dict[str, Any]:
@@ -65,3 +68,24 @@ def _errors_preview(session: Session, batch_id: str) -> list[dict[str, Any]]:
     errors = [(c, status, line_error(err)) for c, status, err in rows]
     return [{"custom_id": c, "status": status, "code": e.get("code"), "message": e.get("message")}
             for c, status, e in errors]
+
+
+def batch_jobs(session: Session, *, tenant: str, batch_id: str, status: JobStatus | None, limit: int,
+               after: str | None) -> Page[Job]:
+    """A page of the batch's jobs (of `status`, if given) in (custom_id, variant) order, the order
+    of the batch's unique index, so a page is one index range however the jobs' statuses move
+    meanwhile. `after` is the last job id of the previous page; one that is not a job of this
+    batch is a 404 naming it, as in every other list."""
+    check_limit(limit)
+    batch = get_batch(session, tenant=tenant, batch_id=batch_id)
+    stmt = select(Job).where(Job.batch_id == batch.id, *(() if status is None else (Job.status == status,)))
+    if after:
+        cursor = None if ID_SHAPE.fullmatch(after) is None else session.execute(
+            select(Job.custom_id, Job.variant).where(Job.id == after, Job.batch_id == batch.id)).one_or_none()
+        if cursor is None:
+            raise InvalidRequestError(f"after: no job {after!r} of batch {batch.id!r} to page after", field="after",
+                                      status=404, code="unknown_cursor")
+        custom_id, variant = cursor
+        stmt = stmt.where(or_(Job.custom_id > custom_id, and_(Job.custom_id == custom_id, Job.variant > variant)))
+    rows = list(session.execute(stmt.order_by(Job.custom_id, Job.variant).limit(limit + 1)).scalars())
+    return Page(rows=rows[:limit], has_more=len(rows) > limit)

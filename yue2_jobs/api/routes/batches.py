@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 from yue2_jobs.api.deps import AppState, SessionDep, StateDep, TenantDep
 from yue2_jobs.api.idempotency import IdempotencyKeyHeader, fingerprint, run_once
 from yue2_jobs.api.routes.enqueue import enqueue_later, enqueue_unpublished
-from yue2_jobs.api.views import batch_view, list_view
+from yue2_jobs.api.views import batch_job_view, batch_view, list_view
 from yue2_jobs.core.safe import SafeStr
 from yue2_jobs.db.listing import DEFAULT_LIMIT
+from yue2_jobs.db.models import JobStatus
 from yue2_jobs.jobs import batch_service
-from yue2_jobs.jobs.batch_stats import batch_stats
+from yue2_jobs.jobs.batch_stats import batch_jobs, batch_stats
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 MetadataKey = Annotated[SafeStr, Field(max_length=64)]
@@ -62,8 +63,10 @@ def _resumer(state: AppState, session: Session, tenant: str, background: Backgro
 
 @router.get("")
 def list_batches(session: SessionDep, tenant: TenantDep, limit: int = DEFAULT_LIMIT,
-                 after: str | None = None) -> dict[str, Any]:
-    states, has_more = batch_service.list_batches(session, tenant=tenant, limit=limit, after=after)
+                 after: str | None = None, search: str | None = None) -> dict[str, Any]:
+    """OpenAI's list; `search` (ours, for the console) keeps the batches whose id, `metadata.name`
+    or `metadata.source` contains it."""
+    states, has_more = batch_service.list_batches(session, tenant=tenant, limit=limit, after=after, search=search)
     return list_view([batch_view(s) for s in states], has_more=has_more)
 
 
@@ -76,6 +79,17 @@ def get_batch(batch_id: str, session: SessionDep, tenant: TenantDep) -> dict[str
 def get_batch_stats(batch_id: str, session: SessionDep, tenant: TenantDep) -> dict[str, Any]:
     """For the console: counts by status, variant and checkpoint version; throughput and ETA."""
     return batch_stats(session, tenant=tenant, batch_id=batch_id)
+
+
+@router.get("/{batch_id}/jobs")
+def list_batch_jobs(batch_id: str, state: StateDep, session: SessionDep, tenant: TenantDep,
+                    status: JobStatus | None = None,
+                    limit: int = DEFAULT_LIMIT, after: str | None = None) -> dict[str, Any]:
+    """For the console's line browser: the batch's jobs (one per line and variant) by custom_id,
+    optionally of one status, a page of `limit` after the job `after`."""
+    found = batch_jobs(session, tenant=tenant, batch_id=batch_id, status=status, limit=limit, after=after)
+    return list_view([batch_job_view(j, storage=state.storage, presign_expiry_s=state.settings.presign_expiry_s)
+                      for j in found.rows], has_more=found.has_more)
 
 
 @router.post("/{batch_id}/cancel")
