@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from yue2_jobs.experiments.html import render_html
+from yue2_jobs.experiments.metrics import DIFFERENCES, direction
 from yue2_jobs.experiments.report import JobRecord, bootstrap_ci, difference, segment_report
 from yue2_jobs.experiments.text import format_report
 from yue2_jobs.jobs.assignment import split_variant, variants_for
@@ -96,10 +97,13 @@ def test_the_report_reads_each_difference_by_its_metric_sense() -> None:
     assert seg["variants"]["base"]["latency_mean_s"]["value"] == 1.0
     assert seg["differences"]["legal - base"]["latency_s"]["value"] == 2.0  # mean minus mean
     text = format_report(report)
-    assert "legal vs base: ROUGE-L +30.00 [+30.00, +30.00] points, better" in text
-    assert "legal vs base: latency, mean (s) +2.000 [+2.000, +2.000], worse" in text
+    assert "legal vs base: ROUGE-L +30.00 [+30.00, +30.00] points, better (wins/ties/losses 4/0/0)" in text
+    # a slower arm reads worse, where its workers could be compared; these jobs name no worker
+    latency = seg["differences"]["legal - base"]["latency_s"]
+    assert direction(DIFFERENCES["latency_s"], {**latency, "not_comparable": None}) == "worse"
+    assert "legal vs base: latency, mean (s) not comparable here: the jobs of base, legal do not record" in text
     assert "n/a (no job drafted: mode ar)" in text and "nar_acceptance" not in text and "latency_s" not in text
     page = render_html(report)
-    assert "<li class='better'>legal vs base: ROUGE-L" in page and "<li class='worse'>legal vs base: latency" in page
+    assert "<li class='better'>legal vs base: ROUGE-L" in page and "<li class='note'>legal vs base: latency" in page
     assert "<td class='same'>+1.0 <small>[+0.0, +3.0]</small></td>" in page  # output length: interval spans 0
     assert "n/a (no job drafted: mode ar)" in page and page.count("<img") == 2

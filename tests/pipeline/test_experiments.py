@@ -35,7 +35,8 @@ def test_paired_base_vs_legal_report_shows_legal_ahead_on_legal_text(
     batch_ids = {}
     for corpus in ("legal", "general"):
         f = client.upload(eval_batch(tmp_path / f"{corpus}.jsonl", corpus))
-        b = client.create_batch(f["id"], metadata={"name": f"{corpus} eval"}, experiment_id=exp["id"])
+        b = client.create_batch(f["id"], metadata={"name": f"{corpus} eval", "domain": corpus},
+                                experiment_id=exp["id"])
         assert b["experiment_id"] == exp["id"] and b["request_counts"]["total"] == 2 * N  # each line on both
         batch_ids[corpus] = b["id"]
     for b in batch_ids.values():
@@ -45,7 +46,8 @@ def test_paired_base_vs_legal_report_shows_legal_ahead_on_legal_text(
     assert {(j.variant, j.checkpoint.split("@")[0]) for j in jobs} == {("base", "base"), ("legal", "legal")}
 
     report = client.experiment_report(exp["id"])
-    assert report["finished_jobs"] == 4 * N and set(report["segments"]) == {"all", "legal eval", "general eval"}
+    # one segment per eval set, none pooled over both
+    assert report["finished_jobs"] == 4 * N and set(report["segments"]) == {"legal eval", "general eval"}
     on_legal = report["segments"]["legal eval"]
     assert on_legal["variants"]["legal"]["rougeL"]["n"] == N
     gain = on_legal["differences"]["legal - base"]["rougeL"]
@@ -53,6 +55,8 @@ def test_paired_base_vs_legal_report_shows_legal_ahead_on_legal_text(
     assert gain["excludes_zero"]
     on_general = report["segments"]["general eval"]["differences"]["legal - base"]["rougeL"]
     assert on_general["value"] < 0 and on_general["ci95"][1] < 0, on_general  # legal forgot the general domain
+    assert [w["variant"] for w in report["segments"]["general eval"]["warnings"]] == ["legal"]  # outside its domain
+    assert "same host" in on_legal["differences"]["legal - base"]["latency_s"]["not_comparable"]  # one machine
     for v in ("base", "legal"):
         m = on_legal["variants"][v]
         assert m["success_rate"]["value"] == 1.0 and m["latency_p50_s"]["value"] > 0
@@ -61,7 +65,7 @@ def test_paired_base_vs_legal_report_shows_legal_ahead_on_legal_text(
         assert (acceptance["value"] is None and acceptance["na"]) or 0 <= acceptance["value"] <= 1
         assert m["output_tokens"]["value"] > 0
     page = client.experiment_report_html(exp["id"])
-    assert page.startswith("<!doctype html>") and page.count("<img") == 6  # 2 plots x 3 segments
+    assert page.startswith("<!doctype html>") and page.count("<img") == 4  # 2 plots x 2 eval sets
 
     # The output file holds each custom_id once per variant.
     lines = [json.loads(ln) for ln in client.file_content(client.batch(batch_ids["legal"])["output_file_id"])
@@ -89,7 +93,8 @@ def test_split_assigns_by_hash_and_rejects_what_it_cannot_run(
             assert job.variant == split_variant(stub, cid) and job.checkpoint.startswith(job.variant + "@")
     assert 5 < sum(j.variant == "legal" for j in jobs.values()) < 35
     report = client.experiment_report(exp["id"])
-    gain = report["segments"]["all"]["differences"]["legal - base"]["rougeL"]
+    (only,) = report["segments"].values()  # one batch, one eval set
+    gain = only["differences"]["legal - base"]["rougeL"]
     assert not gain["paired"] and gain["ci95"][0] > 0, gain  # legal text: legal ahead, unpaired interval
 
     # Every limit is named; other tenants see nothing.

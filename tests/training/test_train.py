@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.tiny_models import ROOT
+from yue2_jobs.model.checkpoint import read_manifest_notes
 from yue2_jobs.training.data import read_split, write_jsonl_gz
 from yue2_jobs.training.train import TrainArgs, train
 
@@ -81,6 +82,7 @@ def test_train_command_stops_and_resumes(small_data, tmp_path, capsys):
     assert cli_main(argv) == 0
     assert "resuming from" in capsys.readouterr().out
     assert (out / "manifest.json").is_file()
+    assert read_manifest_notes(out) == {"domain": "general"}  # its corpus, for A/B reports' domain warnings
 
 
 def test_batches_cover_each_epoch_once_and_group_similar_lengths():

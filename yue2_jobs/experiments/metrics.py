@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Sense = Literal["higher", "lower"] | None  # None: a difference is neither better nor worse
-Direction = Literal["better", "worse", "differs", "same"]
+# `incomparable`: a difference the report cannot read either way here (latency on shared workers)
+Direction = Literal["better", "worse", "differs", "same", "incomparable"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,10 @@ DIFFERENCES = {
 
 
 def direction(metric: Metric, d: dict[str, Any]) -> Direction:
-    """How a difference (treatment - control) reads: `same` unless its 95 % interval excludes 0."""
+    """How a difference (treatment - control) reads: `same` unless its 95 % interval excludes 0, and
+    `incomparable` whatever its interval when the report says why it cannot be compared."""
+    if d.get("not_comparable"):
+        return "incomparable"
     if not d.get("excludes_zero") or d.get("value") is None:
         return "same"
     if metric.better is None:
@@ -59,17 +63,29 @@ def estimate_text(e: dict[str, Any], fmt: str) -> str:
     return fmt.format(e["value"]) + (f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if ci else "")
 
 
+def wtl_text(d: dict[str, Any]) -> str:
+    """A paired difference's wins / ties / losses (treatment against control, item by item)."""
+    return f"{d['wins']}/{d['ties']}/{d['losses']}" if "wins" in d else ""
+
+
 def verdicts(segment: dict[str, Any]) -> list[tuple[Direction, str]]:
-    """One (direction, sentence) per difference whose interval excludes 0, e.g. ("better",
-    "legal vs base: ROUGE-L +12.30 [10.10, 14.50] points, better")."""
+    """One (direction, sentence) per difference whose interval excludes 0, with wins/ties/losses
+    beside the interval, e.g. ("better", "legal vs base: ROUGE-L +12.30 [+10.10, +14.50] points,
+    better (wins/ties/losses 150/20/12)"); and one `incomparable` sentence per difference the report
+    cannot read here, saying why. A segment is one eval set: verdicts are never pooled over sets."""
     out: list[tuple[Direction, str]] = []
     for comparison, diffs in segment["differences"].items():
         treatment, control = comparison.split(" - ", 1)
         for key, d in diffs.items():
             metric = DIFFERENCES[key]
             way = direction(metric, d)
-            if way != "same":
+            if way == "incomparable":
+                if d.get("value") is not None:
+                    out.append((way, f"{treatment} vs {control}: {metric.label} not comparable here: "
+                                     f"{d['not_comparable']}"))
+            elif way != "same":
                 unit = f" {metric.unit}" if metric.unit and metric.unit != "s" else ""
+                wtl = f" (wins/ties/losses {wtl_text(d)})" if wtl_text(d) else ""
                 out.append((way, f"{treatment} vs {control}: {metric.label} {estimate_text(d, metric.fmt)}{unit}, "
-                                 f"{way}"))
+                                 f"{way}{wtl}"))
     return out

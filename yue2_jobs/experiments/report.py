@@ -1,5 +1,10 @@
 """The A/B report: per variant metrics with bootstrap 95 % confidence intervals, and each variant's
-difference from the control (the first variant), over the whole experiment and per batch.
+difference from the control (the first variant), per eval set: never pooled over sets, whose
+domains may differ (a model ahead on one domain and behind on another has no single verdict).
+An eval set is the batches that share a `metadata.name` (a batch without one is a set of its own);
+its domain is their `metadata.domain`. Each set gets its own verdicts, a warning for each arm
+evaluated outside its checkpoint's domain (`domains`), the latency verdict withheld where the arms'
+workers cannot be shown separate and equal (`placement`), and a few items side by side (`examples`).
 
 Per variant: jobs, success rate, run latency p50/p95 (started -> finished), tokens/s (output
 tokens / run seconds, summed), NAR acceptance (share of output tokens that came from accepted
@@ -22,6 +27,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from yue2_jobs.db.models import Batch, Experiment, ExperimentMode, Job, JobStatus
+from yue2_jobs.experiments.domains import clean_domain, domain_warnings
+from yue2_jobs.experiments.examples import examples
+from yue2_jobs.experiments.metrics import verdicts
+from yue2_jobs.experiments.placement import latency_not_comparable
 from yue2_jobs.jobs.assignment import get_experiment, variant_names
 from yue2_jobs.jobs.outputs import read_text
 from yue2_jobs.rouge import pair_scores
@@ -47,15 +56,41 @@ class JobRecord:
     nar_tokens: int
     scores: dict[str, float] = field(default_factory=dict)  # ROUGE F1 x 100, when a reference was given
     drafted: bool = True  # it ran a mode that drafts (not `ar`): NAR acceptance means something for it
+    job_id: str = ""
+    worker: str | None = None  # the Celery node name that claimed it (`<name>@<host>`)
 
 
-def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[list[JobRecord], dict[str, str]]:
-    """The experiment's finished jobs (queued and running ones are left out) and each batch's label."""
+@dataclass(frozen=True)
+class EvalSet:
+    """Batches of one eval set: the same `metadata.name`, and the domain they declare."""
+
+    label: str
+    batch_ids: tuple[str, ...]
+    domain: str | None
+
+
+def eval_sets(batches: list[tuple[str, dict[str, Any] | None]]) -> list[EvalSet]:
+    """The experiment's batches (oldest first) grouped by `metadata.name` (else the batch id), in the
+    order each set was first submitted. A set whose batches declare different domains, or only some
+    of them one, has none: it cannot be checked."""
+    grouped: dict[str, list[tuple[str, str | None]]] = defaultdict(list)
+    for batch_id, metadata in batches:
+        meta = metadata or {}
+        grouped[str(meta.get("name") or batch_id)].append((batch_id, clean_domain(meta.get("domain"))))
+    out = []
+    for label, members in grouped.items():
+        domains = {d for _, d in members}
+        out.append(EvalSet(label, tuple(sorted(b for b, _ in members)), domains.pop() if len(domains) == 1 else None))
+    return out
+
+
+def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[list[JobRecord], list[EvalSet]]:
+    """The experiment's finished jobs (queued and running ones are left out) and its eval sets."""
     rows = session.execute(select(Job).where(Job.experiment_id == exp.id)
                            .where(Job.status.in_((JobStatus.SUCCEEDED, JobStatus.FAILED)))
                            .order_by(Job.batch_id, Job.custom_id, Job.variant)).scalars().all()
-    batches = session.execute(select(Batch.id, Batch.metadata_).where(Batch.experiment_id == exp.id)).all()
-    labels = {b.id: (b.metadata_ or {}).get("name") or b.id for b in batches}
+    batches = session.execute(select(Batch.id, Batch.metadata_).where(Batch.experiment_id == exp.id)
+                              .order_by(Batch.created_at, Batch.id)).all()
     records, to_score = [], []
     for job in rows:
         ok = job.status == JobStatus.SUCCEEDED
@@ -64,7 +99,8 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
         rec = JobRecord(batch_id=job.batch_id or "", custom_id=job.custom_id or job.id, variant=job.variant,
                         checkpoint=job.checkpoint, succeeded=ok, latency_s=latency,
                         output_tokens=job.output_tokens or 0, nar_tokens=job.nar_tokens or 0,
-                        drafted=(job.decoded_mode or (job.params or {}).get("mode")) not in ("ar", None))
+                        drafted=(job.decoded_mode or (job.params or {}).get("mode")) not in ("ar", None),
+                        job_id=job.id, worker=job.worker)
         records.append(rec)
         if ok and job.reference is not None:
             text = read_text(storage, output_text=job.output_text, output_key=job.output_key)
@@ -73,7 +109,7 @@ def load_records(session: Session, exp: Experiment, storage: Storage) -> tuple[l
         scores = pair_scores([t for _, t, _ in to_score], [r for _, _, r in to_score])
         for (rec, _, _), score in zip(to_score, scores, strict=True):
             rec.scores = {k: 100.0 * v for k, v in score.items()}
-    return records, labels
+    return records, eval_sets([(b.id, b.metadata_) for b in batches])
 
 
 def _resamples(rng: np.random.Generator, n: int, n_boot: int) -> Any:
@@ -172,27 +208,39 @@ def difference(control: list[JobRecord], treatment: list[JobRecord], *, metric: 
 
 
 def segment_report(records: list[JobRecord], variants: list[str], *, paired: bool) -> dict[str, Any]:
+    """One eval set's figures: each variant's metrics, each difference from the control (latency's
+    with why it cannot be compared here, `placement`) and the verdicts they support."""
     rng = np.random.default_rng(SEED)
     by_variant: dict[str, list[JobRecord]] = defaultdict(list)
     for r in records:
         by_variant[r.variant].append(r)
     control = variants[0]
-    return {
-        "variants": {v: variant_metrics(by_variant[v], rng) for v in variants},
-        "differences": {f"{v} - {control}": {m: difference(by_variant[control], by_variant[v], metric=m,
-                                                           paired=paired, rng=rng) for m in COMPARED}
-                        for v in variants[1:]},
-    }
+    differences = {}
+    for v in variants[1:]:
+        diffs = {m: difference(by_variant[control], by_variant[v], metric=m, paired=paired, rng=rng) for m in COMPARED}
+        diffs["latency_s"]["not_comparable"] = latency_not_comparable(
+            {arm: {r.worker for r in by_variant[arm] if r.succeeded} for arm in (control, v)})
+        differences[f"{v} - {control}"] = diffs
+    seg: dict[str, Any] = {"items": len({(r.batch_id, r.custom_id) for r in records}),
+                           "variants": {v: variant_metrics(by_variant[v], rng) for v in variants},
+                           "differences": differences}
+    seg["verdicts"] = [{"direction": way, "text": text} for way, text in verdicts(seg)]
+    return seg
 
 
 def build_report(session: Session, exp: Experiment, storage: Storage) -> dict[str, Any]:
-    """The report as JSON: the whole experiment, then each batch of it."""
-    records, labels = load_records(session, exp, storage)
+    """The report as JSON: a segment per eval set (no pooled one: see the module's docstring)."""
+    records, sets = load_records(session, exp, storage)
     variants, paired = variant_names(exp), exp.mode == ExperimentMode.PAIRED
-    segments = {"all": segment_report(records, variants, paired=paired)}
-    if len(labels) > 1:
-        for batch_id, label in sorted(labels.items(), key=lambda kv: kv[1]):
-            segments[label] = segment_report([r for r in records if r.batch_id == batch_id], variants, paired=paired)
+    domains = {a["variant"]: clean_domain(a.get("domain")) for a in exp.arms["variants"]}
+    segments = {}
+    for s in sets:
+        mine = [r for r in records if r.batch_id in s.batch_ids]
+        seg = segment_report(mine, variants, paired=paired)
+        seg.update(batches=list(s.batch_ids), domain=s.domain,
+                   warnings=domain_warnings(set_label=s.label, set_domain=s.domain, arms=domains),
+                   examples=examples(session, storage, mine, variants))
+        segments[s.label] = seg
     return {"object": "yue2.experiment.report", "experiment_id": exp.id, "name": exp.name, "mode": exp.mode,
             "control": variants[0], "variants": exp.arms["variants"], "confidence": 0.95, "bootstrap": N_BOOT,
             "finished_jobs": len(records), "segments": segments}

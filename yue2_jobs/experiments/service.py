@@ -1,6 +1,7 @@
 """Creating experiments. How a batch's requests are assigned to an experiment's variants is
 `yue2_jobs.jobs.assignment` (batch creation needs it, and jobs imports nothing of experiments).
-The first variant listed is the control the others are compared against.
+The first variant listed is the control the others are compared against. Each arm records the
+domain its checkpoint's manifest declares (`domains`), for the report's domain warnings.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from yue2_jobs.core.safe import check_text
 from yue2_jobs.db.models import Experiment, ExperimentMode
 from yue2_jobs.db.session import utcnow
 from yue2_jobs.errors import InvalidRequestError
+from yue2_jobs.experiments.domains import arm_domains
 from yue2_jobs.jobs.assignment import get_experiment
 
 __all__ = ["MAX_NAME_CHARS", "MAX_VARIANTS", "create_experiment", "get_experiment"]
@@ -47,8 +49,10 @@ def create_experiment(session: Session, *, tenant: str, name: str, mode: str, va
         raise InvalidRequestError(f"variants name {', '.join(map(repr, twice))} more than once; an experiment "
                                   f"compares different variants", field="variants", status=409,
                                   code="duplicate_variant")
+    domains = arm_domains(names, settings.checkpoints)
     exp = Experiment(id=new_id("exp_"), tenant=tenant, name=name, mode=mode, created_at=utcnow(),
-                     arms={"variants": [{"variant": v["variant"], "weight": float(v["weight"])} for v in variants]})
+                     arms={"variants": [{"variant": v["variant"], "weight": float(v["weight"]),
+                                         "domain": domains[v["variant"]]} for v in variants]})
     session.add(exp)
     session.commit()
     return exp

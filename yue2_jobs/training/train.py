@@ -230,7 +230,9 @@ def train(args: TrainArgs) -> Path | None:
     _closing_report(model, eval_pairs, args, device)
     model.to("cpu")
     # Positions beyond the training length are untrained: inference truncates inputs there.
-    save_checkpoint(model, clean_copy(tokenizer, model_max_length=args.max_source_tokens), out)
+    # The corpus is the checkpoint's domain: A/B reports warn when it is scored on another's.
+    save_checkpoint(model, clean_copy(tokenizer, model_max_length=args.max_source_tokens), out,
+                    notes={"domain": args.corpus})
     shutil.rmtree(state_dir, ignore_errors=True)
     print(f"saved {out}")
     return out
