@@ -26,7 +26,7 @@ ab-demo: $(STAMP)
 
 # Everything but the server tests first, spread over the cores (one torch thread per process:
 # small models are bound by op dispatch, not FLOPs); then, one at a time, the tests under
-# tests/pipeline, which share Postgres, Redis and their databases.
+# tests/pipeline, which share the run's Postgres database and Redis server (both made for the run).
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not servers" tests
 	$(PY) -m pytest -q -m servers tests
@@ -34,6 +34,17 @@ test: $(STAMP)
 # The unit tests: no servers, no subprocesses, no long model work (tests/conftest.py says which).
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not slow" tests
+
+# docker-compose.yml's cpu profile for real (not part of `make test`; needs root: infra/offline/engine.sh
+# installs and starts Docker's engine where none answers; about 11 minutes the first time, then about 5):
+# stand-in images built offline
+# (infra/offline/build-standins.sh, cached), the stack built and brought up (infra/compose.offline.yml),
+# a 100-line batch through the openai client, every Prometheus target up, then `down -v`.
+.PHONY: test-compose
+test-compose: $(STAMP)
+	infra/offline/engine.sh
+	infra/offline/build-standins.sh
+	YUE2_TEST_COMPOSE=1 $(PY) -m pytest -q -s tests/compose
 
 # ruff, the import contracts (pyproject.toml) and mypy over yue2_jobs/ and workers/.
 lint: $(STAMP)
@@ -123,7 +134,7 @@ checkpoints: $(STAMP)
 
 # Retrain only the drafters of the committed checkpoints (the NAR branch, confidence head and draft
 # vocabulary; the encoder and AR branch stay, so every `ar` output stays as it is). This is how
-# issue 27's drafters were made: base about 25 minutes on 2 cores, legal about 5.
+# issue 27's drafters were made (how long they took: docs/decoding.md, Checkpoints).
 drafters: $(STAMP)
 	$(PY) -m yue2_jobs train --corpus general --init checkpoints/base --out checkpoints/base.drafter --ar-steps 0 \
 		--lr 1e-3 --max-source-tokens 192 $(BASE_DRAFTER)
