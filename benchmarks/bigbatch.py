@@ -11,8 +11,9 @@ before each step, so a figure is that step's peak over the RSS before it):
 
 The jobs run on `tests.pipeline.echo_runner` (no model): this measures what the pipeline carries
 (files, rows, messages, outputs), not decoding, which `make bench` and `benchmarks/pipeline.py`
-measure. Needs Postgres and Redis on 127.0.0.1, and root for `clear_refs` (without it a figure is
-the process's peak since it started).
+measure. Needs Postgres on 127.0.0.1 (it makes and drops a database of its own), redis-server
+(it starts its own; `--redis` names a database to empty instead), and root for `clear_refs`
+(without it a figure is the process's peak since it started).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from procs import http_up, stop_all, wait_until  # noqa: E402
 from scratch_db import ScratchDatabase  # noqa: E402
 
+from tests.scratch_redis import benchmark_redis  # noqa: E402
 from yue2_jobs.core.net import free_port  # noqa: E402
 
 MB = 1_000_000  # file sizes, decimal as OpenAI's "200 MB" (YUE2_MAX_FILE_BYTES is 200 MiB: it fits)
@@ -224,7 +226,8 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=50_000)
     parser.add_argument("--mb", type=float, default=200.0, help="size of the input file")
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/9")
+    parser.add_argument("--redis", default=None, help="a Redis database the run empties before and after "
+                        "(default: a redis-server of the run's own on a free 127.0.0.1 port)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bigbatch.json"))
     parser.add_argument("--finalize-only", nargs=4, metavar=("DB_URL", "STORAGE_URL", "ENDPOINT", "BATCH_ID"),
                         help=argparse.SUPPRESS)
@@ -232,25 +235,26 @@ def main() -> None:
     if args.finalize_only:
         print(json.dumps(finalize_alone(*args.finalize_only)))
         return
-    import redis
+    with benchmark_redis(args.redis) as redis_url:
+        run(args, redis_url)
 
+
+def run(args: argparse.Namespace, redis_url: str) -> None:
     scratch = ScratchDatabase.create(args.pg, "yue2_bigbatch")
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-bigbatch-{scratch.name}"
     logs.mkdir(parents=True, exist_ok=True)
     in_file = logs / "in.jsonl"
     size = write_file(in_file, lines=args.lines, total_mb=args.mb)
     print(f"{in_file}: {args.lines} lines, {size / MB:.0f} MB")
-    redis.Redis.from_url(args.redis).flushdb()
     stack: Stack | None = None
     try:
-        stack = start_stack(db_url=scratch.url, redis_url=args.redis, logs=logs)
+        stack = start_stack(db_url=scratch.url, redis_url=redis_url, logs=logs)
         result = {"lines": args.lines, "file_mb": size / MB,
                   **measure_steps(stack, db_url=scratch.url, in_file=in_file, logs=logs)}
     finally:
         if stack is not None:
             stop_all(stack.procs)
         scratch.drop()
-        redis.Redis.from_url(args.redis).flushdb()
     print_table(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -1,9 +1,10 @@
 """Hot swap under steady load: a new `legal` version is published while the workers run jobs.
 
-Starts the API and a launcher with --procs worker processes for `legal` (Postgres and Redis on
-127.0.0.1, local storage), submits --jobs summaries, and once a tenth of them are done publishes a
-new `legal` version (the checkpoint in --new) and runs one watchdog pass (validate, activate, swap
-the workers one at a time). Prints: jobs succeeded / failed / lost, how many each version served,
+Starts the API and a launcher with --procs worker processes for `legal` (a Postgres database of its
+own on 127.0.0.1, a redis-server of its own unless --redis names a database to empty, local
+storage), submits --jobs summaries, and once a tenth of them are done publishes a new `legal`
+version (the checkpoint in --new) and runs one watchdog pass (validate, activate, swap the workers
+one at a time). Prints: jobs succeeded / failed / lost, how many each version served,
 every worker's pid before and after, and the time from publish to all workers serving it.
 
     python benchmarks/hotswap.py [--jobs 1200] [--procs 2] [--new checkpoints/base]
@@ -26,6 +27,8 @@ sys.path.insert(0, str(ROOT))
 from procs import http_up, wait_until  # noqa: E402
 from scratch_db import ScratchDatabase  # noqa: E402
 
+from tests.scratch_redis import benchmark_redis  # noqa: E402
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -34,12 +37,16 @@ def main() -> None:
     p.add_argument("--new", default=None, help="checkpoint published as new legal (default: legal with a retrained "
                    "drafter, which validation passes: its `ar` outputs are legal's)")
     p.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--redis", default="redis://127.0.0.1:6379/8")
+    p.add_argument("--redis", default=None, help="a Redis database the run empties before and after "
+                   "(default: a redis-server of the run's own on a free 127.0.0.1 port)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hotswap.json"))
     args = p.parse_args()
+    with benchmark_redis(args.redis) as redis_url:
+        run(args, redis_url)
 
+
+def run(args: argparse.Namespace, redis_url: str) -> None:
     import httpx
-    import redis
     from sqlalchemy import select
 
     from yue2_jobs.auth import create_api_key
@@ -55,7 +62,6 @@ def main() -> None:
 
     scratch = ScratchDatabase.create(args.pg, "yue2_hotswap")
     db, db_url = scratch.name, scratch.url
-    redis.Redis.from_url(args.redis).flushdb()
     home = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-{db}"
     home.mkdir(parents=True)
     if args.new is None:
@@ -64,7 +70,7 @@ def main() -> None:
         new_dir = retrained_drafter(home / "legal-retrained", ROOT / "checkpoints" / "legal")
     else:
         new_dir = Path(args.new)
-    env = {**os.environ, "YUE2_HOME": str(home), "YUE2_DATABASE_URL": db_url, "YUE2_BROKER_URL": args.redis,
+    env = {**os.environ, "YUE2_HOME": str(home), "YUE2_DATABASE_URL": db_url, "YUE2_BROKER_URL": redis_url,
            "YUE2_TORCH_THREADS": "1", "YUE2_DEFAULT_VARIANT": "legal", "YUE2_WORKER_READY_FILE": str(home / "ready")}
     os.environ.update({k: v for k, v in env.items() if k.startswith("YUE2_")})
     settings = Settings()

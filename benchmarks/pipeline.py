@@ -32,7 +32,9 @@ that others use too, their processes still run on the worker's core: the table g
 the decoding thread and the bare decoder waited for it (run-queue wait), and a negative
 --worker-nice (root) ranks both above other sessions' processes (each starts a session of its own,
 so that with the kernel's autogroups on, the nice value counts across sessions).
-Needs Postgres and Redis on 127.0.0.1 (pinned: on this host, run by a user this script may move).
+Needs Postgres on 127.0.0.1 (pinned: on this host, run by a user this script may move; the run makes
+and drops a database of its own) and redis-server (a Redis server of the run's own; --redis names a
+database to empty instead).
 
     python benchmarks/pipeline.py --jobs 10000            # pinned (2 cores: worker on 1, the rest on 0)
     python benchmarks/pipeline.py --placement shared      # the issue-30 footing
@@ -85,6 +87,7 @@ from worker_cost import (  # noqa: E402
     worker_log_figures,
 )
 
+from tests.scratch_redis import benchmark_redis  # noqa: E402
 from yue2_jobs.core.net import free_port  # noqa: E402
 
 
@@ -274,7 +277,8 @@ def parse_args() -> argparse.Namespace:
                         "jobs run (py-spy must be installed; it runs on the service CPUs)")
     parser.add_argument("--latency-jobs", type=int, default=2_000, help="jobs of the batch that runs under GET load")
     parser.add_argument("--pg", default="postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--redis", default="redis://127.0.0.1:6379/7")
+    parser.add_argument("--redis", default=None, help="a Redis database the run empties before and after "
+                        "(default: a redis-server of the run's own on a free 127.0.0.1 port)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "pipeline.json"))
     parser.add_argument("--bare-only", action="store_true", help=argparse.SUPPRESS)  # run_bare's child
     return parser.parse_args()
@@ -292,7 +296,8 @@ def main() -> None:
     # A SIGTERM unwinds (the `finally`s stop the processes and put Postgres and Redis back).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     print(f"placement {place.describe()}")
-    with service_pinning(args, place) as moved:
+    # From here on args.redis is the database the run empties: the one --redis named, or ours.
+    with benchmark_redis(args.redis) as args.redis, service_pinning(args, place) as moved:
         if isinstance(moved, ServicePinning):
             for name, pid in moved.roots.items():
                 print(f"  moved {name} (pid {pid}, {moved.counts()[name]} processes) from CPUs {moved.before[name]} "
@@ -309,7 +314,6 @@ def main() -> None:
 def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict[str, Any]:
     import boto3
     import httpx
-    import redis
     from sqlalchemy import select
 
     from yue2_jobs.auth import create_api_key
@@ -320,7 +324,6 @@ def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict
     texts = texts_for(args.jobs)
     scratch = ScratchDatabase.create(args.pg, "yue2_bench")
     db, db_url = scratch.name, scratch.url
-    redis.Redis.from_url(args.redis).flushdb()
     procs: list[subprocess.Popen[bytes]] = []
     logs = Path(os.environ.get("TMPDIR", "/tmp")) / f"yue2-bench-{db}"
     logs.mkdir(parents=True, exist_ok=True)
@@ -469,7 +472,6 @@ def run_pipeline(args: argparse.Namespace, place: Placement, moved: Any) -> dict
     finally:
         stop_all(procs)
         scratch.drop()
-        redis.Redis.from_url(args.redis).flushdb()
     return {"phase1": phase1, "phase2": phase2}
 
 

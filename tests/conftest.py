@@ -1,9 +1,10 @@
 """Two markers. `slow`: tests that need the servers (Postgres, Redis, moto), start processes
 (workers, the demo, docker compose, a wheel build, network namespaces) or run long model work
 (the folders in SLOW_DIRS, and the tests named in LONG_TESTS); `make test-fast` leaves them out.
-`servers`: the tests under tests/pipeline, which share Postgres, Redis and their databases and so
-run one at a time; `make test` runs everything else spread over
-the cores first (each keeps to a database, a Redis database and ports of its own), then these."""
+`servers`: the tests under tests/pipeline, which share the run's Postgres database and Redis server
+(tests/pipeline/conftest.py) and so run one at a time; `make test` runs everything else spread
+over the cores first (each keeps to a database, a Redis server and ports of its own), then these.
+No test writes to a database or Redis server the run did not create (tests/scratch_redis.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 SLOW_DIRS = ("pipeline", "benchmarks", "demo", "distributed", "conformance")
 
 
-SERVER_DIRS = ("pipeline",)  # every test there uses the shared Postgres and Redis
+SERVER_DIRS = ("pipeline",)  # every test there uses the session's Postgres database and Redis server
 
 # Tests elsewhere that run long model work or start a process (torch imported anew): each takes
 # seconds, and together most of `make test-fast`'s CPU. `make test` runs them; the fast loop keeps

@@ -1,13 +1,13 @@
 """The README, run as a newcomer runs it: every fenced `sh` block, in order, in one shell, from a
 fresh checkout's point of view (the venv exists: `make test` made it), against the real Postgres
-and Redis with a scratch database and Redis database of this test's own. Two things differ from a
+with a scratch database and a Redis server of this test's own (tests/scratch_redis.py). Two things differ from a
 person at a terminal, both here in the open: `make test` runs as `make -n test` (this test is part
 of `make test`; running it would recurse), `make demo` submits 8 summaries instead of 200, and
 `yue2 train-drafter` trains on 160 texts for 40 + 10 steps instead of 2,000 + 300 (minutes). The
 README's own model (`BART_DIR`) is shipped base's AR path exported as a BART directory, and its
 texts (`MY_TEXTS`) the general eval set.
 Blocks marked `sh docker` need Docker and are the only ones skipped. The environment points the
-commands at this test's own database, Redis database, ports and temporary directory (variables
+commands at this test's own database, Redis server, ports and temporary directory (variables
 the README's commands read), so the run never meets another test's state, and it runs beside the
 other tests rather than in the serial server phase. `make demo` here is also the test of the
 embedded demo end to end."""
@@ -23,14 +23,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis
 from sqlalchemy import create_engine, text
 
 from tests.pipeline.conftest import PG_ADMIN_URL, free_port, service_unavailable
+from tests.scratch_redis import ScratchRedis, ScratchRedisError
 
 pytestmark = pytest.mark.slow  # real services and subprocesses: not in `make test-fast`
 ROOT = Path(__file__).resolve().parents[1]
-REDIS_DB = 12  # no other test uses it
 PRELUDE = """set -euo pipefail
 make() { if [ "$*" = "test" ]; then command make -n test; else command make "$@"; fi; }
 yue2() {  # in a background job or $(...) it execs, so `kill %1` reaches the program itself
@@ -65,16 +64,13 @@ def test_the_readmes_own_model_settings_are_valid(tmp_path: Path, monkeypatch: p
     assert settings.default_variant == "cnn" and settings.default_variant in settings.checkpoints
 
 
-def _servers() -> None:
-    """Postgres and Redis on 127.0.0.1: skipped locally without them, a failure under CI=true."""
+def _postgres() -> None:
+    """Postgres on 127.0.0.1 (and redis-server, below): skipped locally without them, a failure
+    under CI=true."""
     try:
         create_engine(PG_ADMIN_URL).connect().close()
     except Exception as exc:
         service_unavailable("Postgres at 127.0.0.1:5432", exc)
-    try:
-        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}", socket_connect_timeout=2).ping()
-    except Exception as exc:
-        service_unavailable("Redis at 127.0.0.1:6379", exc)
 
 
 def _bart_dir(path: Path) -> Path:
@@ -89,7 +85,18 @@ def _bart_dir(path: Path) -> Path:
 
 
 def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
-    _servers()
+    _postgres()
+    try:
+        redis_server = ScratchRedis.start()
+    except ScratchRedisError as exc:
+        service_unavailable("a Redis server of the test's own", exc)
+    try:
+        _run_the_readme(tmp_path, redis_server)
+    finally:
+        redis_server.stop()
+
+
+def _run_the_readme(tmp_path: Path, redis_server: ScratchRedis) -> None:
     blocks = [body for info, body in readme_blocks() if info != "sh docker"]
     assert len(blocks) >= 5 and any("yue2 stack up" in b for b in blocks)
     script = tmp_path / "readme.sh"
@@ -98,8 +105,8 @@ def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
     api_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("YUE2_", "AWS_"))}
     env.update(YUE2_DATABASE_URL=PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{database}",
-               YUE2_BROKER_URL=f"redis://127.0.0.1:6379/{REDIS_DB}", YUE2_STACK_S3_PORT=str(free_port()),
-               YUE2_API_PORT=str(api_port), YUE2_API_URL=f"http://127.0.0.1:{api_port}", DEMO_ITEMS="8",
+               YUE2_BROKER_URL=redis_server.url(0), YUE2_STACK_S3_PORT=str(free_port()),
+               YUE2_API_PORT=str(api_port), DEMO_ITEMS="8",  # the port alone moves the CLI too
                TMPDIR=str(tmp_path),  # the README's `mktemp -d` lands here
                BART_DIR=str(_bart_dir(tmp_path / "bart")), MY_TEXTS=str(ROOT / "data" / "general" / "eval.jsonl.gz"))
     log = tmp_path / "readme.log"
@@ -130,7 +137,6 @@ def test_every_command_block_of_the_readme_runs(tmp_path: Path) -> None:
         # `yue2 stack up` starts moto in a session of its own; `yue2 stack down` stops it, unless
         # the script failed before it.
         subprocess.run(["pkill", "-f", f"moto_server -H 127.0.0.1 -p {env['YUE2_STACK_S3_PORT']}"], check=False)
-        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}").flushdb()
         admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))

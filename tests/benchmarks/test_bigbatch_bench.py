@@ -1,5 +1,7 @@
 """`make bench`'s big-batch benchmark runs end to end on a small file and writes what it prints:
-every line's result comes back, and each step reports seconds and peak memory."""
+every line's result comes back, and each step reports seconds and peak memory. It runs on a
+scratch Postgres database of its own (the benchmark makes one) and on a Redis server this test
+starts and hands it (`--redis`; the benchmark would start one itself without it)."""
 
 from __future__ import annotations
 
@@ -10,26 +12,27 @@ import sys
 from pathlib import Path
 
 from tests.pipeline.conftest import PG_ADMIN_URL, service_unavailable
+from tests.scratch_redis import ScratchRedis
 from tests.tiny_models import ROOT
-
-REDIS_DB = 13  # no other test uses it
 
 
 def test_bigbatch_benchmark_runs_a_small_file_through(tmp_path: Path) -> None:
-    import redis
     from sqlalchemy import create_engine
 
     try:
         create_engine(PG_ADMIN_URL).connect().close()
-        redis.Redis.from_url(f"redis://127.0.0.1:6379/{REDIS_DB}", socket_connect_timeout=2).ping()
-    except Exception as exc:
-        service_unavailable("Postgres or Redis on 127.0.0.1", exc)
+        redis_server = ScratchRedis.start()
+    except Exception as exc:  # ScratchRedisError among them
+        service_unavailable("Postgres on 127.0.0.1 or a Redis server of the test's own", exc)
     out = tmp_path / "bigbatch.json"
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bigbatch.py"), "--lines", "300", "--mb", "1.2", "--pg",
-         PG_ADMIN_URL, "--redis", f"redis://127.0.0.1:6379/{REDIS_DB}", "--out", str(out)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / "bigbatch.py"), "--lines", "300", "--mb", "1.2", "--pg",
+             PG_ADMIN_URL, "--redis", redis_server.url(0), "--out", str(out)],
+            capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    finally:
+        redis_server.stop()
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["lines"] == 300 and 1.0 < result["file_mb"] < 1.4

@@ -14,21 +14,20 @@ import subprocess
 import sys
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import delete, select
 
 from tests.pipeline.conftest import ApiServer, make_settings, new_key
+from tests.scratch_redis import flush
 from yue2_jobs.db.models_api import WebhookDelivery, WebhookEndpoint
 from yue2_jobs.db.session import session_factory
 from yue2_jobs.webhooks import targets
 
 EXAMPLES = 50
-REDIS_DB = 14  # no other test uses it
 
 
 def _loopback_resolver() -> types.SimpleNamespace:
@@ -44,10 +43,11 @@ def _loopback_resolver() -> types.SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def conformance_api(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, ApiServer, str]]:
-    """The API on its own Redis database (flushed after), so no worker runs what it creates, with
+def conformance_api(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]
+                    ) -> Iterator[tuple[Any, ApiServer, str]]:
+    """The API on a Redis database no worker reads (flushed after), so no worker runs what it creates, with
     the stand-in resolver; its tenant's webhook endpoints are deleted after."""
-    settings = make_settings(pipeline_env, broker_url=f"{pipeline_env['YUE2_BROKER_URL'].rsplit('/', 1)[0]}/{REDIS_DB}",
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(14),
                              webhook_allow_private=True,
                              health_stall_s=86400)  # runs no worker by design: its queued jobs are no outage
     tenant = f"t-{uuid.uuid4().hex[:8]}"
@@ -64,7 +64,7 @@ def conformance_api(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, ApiServ
             session.execute(delete(WebhookDelivery).where(WebhookDelivery.endpoint_id.in_(ids)))
             session.execute(delete(WebhookEndpoint).where(WebhookEndpoint.tenant == tenant))
             session.commit()
-        redis.Redis.from_url(settings.broker_url).flushdb()
+        flush(settings.broker_url)
 
 
 def test_schemathesis_all_checks_pass(conformance_api: tuple[Any, ApiServer, str], tmp_path: Path) -> None:

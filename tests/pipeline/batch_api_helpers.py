@@ -5,30 +5,30 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from tests.pipeline.conftest import make_settings
+from tests.scratch_redis import flush
 
 JSONL = "application/jsonl"
 
 
 @pytest.fixture(scope="module")
-def quiet_api(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, TestClient]]:
-    """An API publishing to Redis db 6, which no worker reads; webhooks may target 127.0.0.1."""
+def quiet_api(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> Iterator[tuple[Any, TestClient]]:
+    """An API publishing to database 6 of the run's Redis, which no worker reads; webhooks may target 127.0.0.1."""
     from yue2_jobs.api.app import create_app
 
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/6",
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(6),
                              webhook_allow_private=True, webhook_retry_s=[0.05], webhook_timeout_s=3,
                              webhook_max_endpoints=3)
     with TestClient(create_app(settings)) as http:
         yield settings, http
-    redis.Redis.from_url(settings.broker_url).flushdb()
+    flush(settings.broker_url)
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:

@@ -1,7 +1,12 @@
-"""Real services for the pipeline tests: Postgres and Redis on 127.0.0.1, S3 from a moto server
-over HTTP, the API on uvicorn in a thread, workers as subprocesses (so they can be SIGKILLed).
+"""Real services for the pipeline tests: Postgres on 127.0.0.1, a Redis server of the run's own
+(tests/scratch_redis.py), S3 from a moto server over HTTP, the API on uvicorn in a thread, workers
+as subprocesses (so they can be SIGKILLed).
 
-A missing Postgres or Redis skips these tests locally and fails them under CI=true.
+Every database a test writes is one the run created: Postgres databases made here and dropped
+after (`temporary_pg_database`), the Redis server started here (every database of it, flushed at
+will). Each test process has its own: pytest-xdist's workers each start theirs. `YUE2_TEST_REDIS`
+names a Redis database to use (and empty) instead of the scratch server's database 0.
+A missing Postgres or redis-server skips these tests locally and fails them under CI=true.
 """
 
 from __future__ import annotations
@@ -17,19 +22,19 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
+from tests.scratch_redis import NAMED_ENV, ScratchRedis, ScratchRedisError
 from yue2_jobs.core.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto logs every request
 PG_ADMIN_URL = os.environ.get("YUE2_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("YUE2_TEST_REDIS", "redis://127.0.0.1:6379/3")
 
 
-def service_unavailable(what: str, exc: BaseException) -> None:
+def service_unavailable(what: str, exc: BaseException) -> NoReturn:
     message = f"{what} is not reachable: {exc}"
     if os.environ.get("CI") == "true":
         pytest.fail(message + " (CI=true: real-service tests must run)")
@@ -80,14 +85,40 @@ def pg_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> str:
+def redis_server() -> Iterator[ScratchRedis]:
+    try:
+        server = ScratchRedis.start()
+    except ScratchRedisError as exc:
+        service_unavailable("a Redis server of the run's own", exc)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """The pipeline's broker: database 0 of the run's Redis server, or the one YUE2_TEST_REDIS names."""
     import redis
 
+    named = os.environ.get(NAMED_ENV)
+    if not named:
+        return str(request.getfixturevalue("redis_server").url(0))
     try:
-        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+        redis.Redis.from_url(named, socket_connect_timeout=2).ping()
     except Exception as exc:
-        service_unavailable("Redis at 127.0.0.1:6379", exc)
-    return REDIS_URL
+        service_unavailable(f"Redis at {named} ({NAMED_ENV})", exc)
+    return named
+
+
+@pytest.fixture(scope="session")
+def quiet_redis(redis_server: ScratchRedis) -> Callable[[int], str]:
+    """The URL of database `n` (1-15) of the run's Redis server: for an API whose messages no
+    worker may read (workers read `redis_url`), emptied by its test with `flush`. Always the run's
+    own server, YUE2_TEST_REDIS or not: that names one database, and these are others."""
+    def url(n: int) -> str:
+        assert 0 < n < 16, "database 0 is the pipeline's, and a server has 16"
+        return redis_server.url(n)
+
+    return url
 
 
 class S3Server:

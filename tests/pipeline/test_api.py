@@ -5,26 +5,27 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
 from fastapi.testclient import TestClient
 
 from tests.pipeline.conftest import make_settings, new_key
+from tests.scratch_redis import flush
 
 
 @pytest.fixture(scope="module")
-def small(pipeline_env: dict[str, str]) -> Any:
+def small(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> Any:
     """An API with small limits, publishing to its own Redis database."""
     from yue2_jobs.api.app import create_app
 
     settings = make_settings(pipeline_env, max_input_chars=500, max_batch_items=10, max_request_bytes=4096,
                              max_file_bytes=20_000, max_new_tokens_limit=64, metrics_token=METRICS_TOKEN,
-                             broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/4")
+                             broker_url=quiet_redis(4))
     with TestClient(create_app(settings)) as http:
         yield settings, http
-    redis.Redis.from_url(settings.broker_url).flushdb()
+    flush(settings.broker_url)
 
 
 METRICS_TOKEN = "operator-token-0123456789"
@@ -190,10 +191,10 @@ def test_all_lines_invalid_finishes_the_batch_with_an_error_file(small: Any) -> 
     assert "body.input" in err["error"]["message"]
 
 
-def test_fifty_thousand_items_are_accepted(pipeline_env: dict[str, str]) -> None:
+def test_fifty_thousand_items_are_accepted(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> None:
     from yue2_jobs.api.app import create_app
 
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/5")
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(5))
     assert settings.max_batch_items >= 50_000
     with TestClient(create_app(settings)) as http:
         h = auth(settings)
@@ -205,7 +206,7 @@ def test_fifty_thousand_items_are_accepted(pipeline_env: dict[str, str]) -> None
         created_s = time.perf_counter() - t0
         cancelled = http.post(f"/v1/batches/{r.json()['id']}/cancel", headers=h).json()
         assert cancelled["status"] == "cancelled"
-    redis.Redis.from_url(settings.broker_url).flushdb()
+    flush(settings.broker_url)
     print(f"50,000-line batch uploaded and created in {created_s:.1f}s")
 
 

@@ -68,7 +68,7 @@ def test_an_expired_key_is_refused(api: Any, settings: Any) -> None:
 
 
 def test_a_revocation_reaches_only_its_own_deployment(api: Any, pipeline_env: dict[str, str]) -> None:
-    """Two deployments on one Redis (databases 3 and 5): pub/sub ignores database numbers, so each
+    """Two deployments on one Redis (databases 0 and 5): pub/sub ignores database numbers, so each
     deployment's revocations go on a channel of its own."""
     import redis
 

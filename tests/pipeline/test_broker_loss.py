@@ -15,16 +15,10 @@ from sqlalchemy import select
 
 from tests.pipeline.conftest import wait_for
 from tests.pipeline.test_chaos import ECHO, assert_exactly_once, counts, wait_done, write_lines
+from tests.scratch_redis import flush
 from yue2_jobs.client import Client
 from yue2_jobs.db.models import Job, WorkerProcess
 from yue2_jobs.db.session import session_factory
-
-
-def _flush(redis_url: str) -> None:
-    import redis
-
-    with redis.Redis.from_url(redis_url) as r:  # the pipeline tests' own database
-        r.flushdb()
 
 
 def _jobs(settings: Any, batch_id: str, status: str) -> set[str]:
@@ -46,7 +40,7 @@ def test_a_flushed_redis_mid_batch_costs_seconds(client: Client, workers: Any, s
     batch_id = client.create_batch(client.upload(tmp_path / "in.jsonl")["id"])["id"]
     wait_for(lambda: (counts(client, batch_id) or {"completed": 0})["completed"] >= 40, timeout=120,
              what="the batch to be under way", interval=0.05)
-    _flush(redis_url)
+    flush(redis_url)  # the pipeline's database: the run's own
     t_flush = time.monotonic()
     waiting = _jobs(settings, batch_id, "queued")  # their messages went with the data (a few may be read already)
     assert len(waiting) > 100, "the batch was nearly done at the flush"
@@ -80,7 +74,7 @@ def test_a_flushed_redis_and_a_killed_worker_cost_seconds(client: Client, worker
         pid = session.execute(select(WorkerProcess.pid).where(WorkerProcess.name == f"base-cpu0@{host}")).scalar_one()
     child_ready.unlink()
     os.kill(pid, 9)
-    _flush(redis_url)
+    flush(redis_url)
     t_fault = time.monotonic()
     held = _jobs(settings, batch_id, "running")  # the dead worker's claims
     waiting = _jobs(settings, batch_id, "queued")

@@ -24,6 +24,7 @@ from tests.pipeline.e2e_helpers import (
     wait_batch,
     write_batch,
 )
+from tests.scratch_redis import flush
 from yue2_jobs.client import ApiError, Client
 
 
@@ -60,7 +61,7 @@ def test_redis_flushed_loses_nothing(client: Client, workers: Any, settings: Any
     worker = workers()
     wait_for(lambda: client.batch(batch_id)["request_counts"]["completed"] >= 10, timeout=300,
              what="the first jobs to finish", interval=0.05)
-    broker.flushdb()  # every message, queued or unacknowledged, is gone (the database: tests beside this use others)
+    flush(settings.broker_url)  # every message, queued or unacknowledged, is gone (the database is the run's own)
     state = wait_batch(client, batch_id, timeout=600, worker=worker)
     assert state["request_counts"] == {"total": 150, "completed": 150, "failed": 0}
     check_outputs(result_lines(client, state["output_file_id"]), by_custom_id)
@@ -70,7 +71,7 @@ def test_redis_flushed_loses_nothing(client: Client, workers: Any, settings: Any
     batch_id = submit(client, tmp_path / "in2.jsonl")
     wait_for(lambda: all(j.enqueued_at for j in batch_jobs(settings, batch_id)), timeout=30,
              what="the second batch's messages")
-    broker.flushdb()
+    flush(settings.broker_url)
     assert broker.llen("yue2.base") == 0
     worker = workers()
     state = wait_batch(client, batch_id, timeout=300, worker=worker)

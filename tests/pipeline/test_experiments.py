@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from tests.pipeline.conftest import ROOT, new_key
 from tests.pipeline.test_e2e import batch_jobs, wait_batch
 from yue2_jobs.client import ApiError, Client
-from yue2_jobs.db.models import JobStatus
+from yue2_jobs.db.models import JobStatus, WorkerPlacement
+from yue2_jobs.db.session import session_factory
 from yue2_jobs.jobs.assignment import split_variant
 from yue2_jobs.training.data import read_split
 
@@ -56,7 +58,11 @@ def test_paired_base_vs_legal_report_shows_legal_ahead_on_legal_text(
     on_general = report["segments"]["general eval"]["differences"]["legal - base"]["rougeL"]
     assert on_general["value"] < 0 and on_general["ci95"][1] < 0, on_general  # legal forgot the general domain
     assert [w["variant"] for w in report["segments"]["general eval"]["warnings"]] == ["legal"]  # outside its domain
-    assert "same host" in on_legal["differences"]["legal - base"]["latency_s"]["not_comparable"]  # one machine
+    latency = on_legal["differences"]["legal - base"]["latency_s"]
+    assert latency["comparable"] is False and "same host" in latency["not_comparable"]  # one machine, unpinned
+    with session_factory(settings.resolved_database_url)() as session:  # each worker recorded where it ran
+        placed = {p.name: p for p in session.execute(select(WorkerPlacement)).scalars()}
+    assert {j.worker for j in jobs} <= set(placed) and {placed[j.worker].device for j in jobs} == {"cpu"}
     for v in ("base", "legal"):
         m = on_legal["variants"][v]
         assert m["success_rate"]["value"] == 1.0 and m["latency_p50_s"]["value"] > 0

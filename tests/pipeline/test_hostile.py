@@ -8,32 +8,32 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
 import pytest
-import redis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from tests.pipeline.conftest import make_settings, new_key, temporary_pg_database
+from tests.scratch_redis import flush
 
 
 @pytest.fixture(scope="module")
-def app(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, TestClient]]:
+def app(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> Iterator[tuple[Any, TestClient]]:
     from yue2_jobs.api.app import create_app
     from yue2_jobs.db.migrate import upgrade_head
 
     with temporary_pg_database("yue2_hostile") as url:
         upgrade_head(url)
         settings = make_settings(pipeline_env, database_url=url, storage_url="s3://yue2-test/hostile",
-                                 broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/5")
+                                 broker_url=quiet_redis(5))
         with TestClient(create_app(settings)) as http:
             yield settings, http
-        redis.Redis.from_url(settings.broker_url).flushdb()
+        flush(settings.broker_url)
 
 
 @pytest.fixture(scope="module")

@@ -15,17 +15,17 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import redis
 from sqlalchemy import create_engine, func, select, text, update
 
 from tests.pipeline.conftest import ROOT, ApiServer, free_port, make_settings, new_key, wait_for
+from tests.scratch_redis import flush
 from yue2_jobs.api.idempotency import Fence, KeyTakenOver, fingerprint
 from yue2_jobs.db.models import Batch, Job
 from yue2_jobs.db.models_api import IdempotencyKey
@@ -37,14 +37,14 @@ BODY = {"input": "a text whose first request died with its API"}
 
 
 @pytest.fixture(scope="module")
-def own(pipeline_env: dict[str, str]) -> Iterator[tuple[Any, ApiServer]]:
-    """Settings on a Redis database no worker reads (7, the pipeline tests'; emptied after) and an
-    API on them."""
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7")
+def own(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> Iterator[tuple[Any, ApiServer]]:
+    """Settings on a Redis database no worker reads (7 of the run's server; emptied after) and an API
+    on them."""
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(7))
     server = ApiServer(settings)
     yield settings, server
     server.stop()
-    redis.Redis.from_url(settings.broker_url).flushdb()
+    flush(settings.broker_url)
 
 
 def dead_key(settings: Any, tenant: str, key: str, *, owner: int, resource: str | None = None,

@@ -9,19 +9,19 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from tests.pipeline.conftest import ROOT, ApiServer, make_settings, new_key
+from tests.scratch_redis import flush
 
 
 def test_the_openai_client_lists_deletes_retries_idempotently_and_gets_a_signed_webhook(
-        pipeline_env: dict[str, str]) -> None:
-    import redis
-
+        pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> None:
     from yue2_jobs.db.session import session_factory
     from yue2_jobs.webhooks.delivery import deliver_due
 
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7",
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(7),
                              webhook_allow_private=True)
     server = ApiServer(settings)
     stop = threading.Event()
@@ -41,7 +41,7 @@ def test_the_openai_client_lists_deletes_retries_idempotently_and_gets_a_signed_
         stop.set()
         sender.join(10)
         server.stop()
-        redis.Redis.from_url(settings.broker_url).flushdb()
+        flush(settings.broker_url)
     assert done.returncode == 0, done.stderr[-3000:]
     seen: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     assert seen["batches_made"] == 250 and seen["batches_listed"] == 250 and seen["listed_each_once"]

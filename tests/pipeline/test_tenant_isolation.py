@@ -12,13 +12,14 @@ import statistics
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 
 import httpx
-import redis
 from sqlalchemy import create_engine, func, select, text
 
 from tests.pipeline.conftest import ApiServer, make_settings, new_key, wait_for
+from tests.scratch_redis import flush
 from yue2_jobs.api.idempotency import fingerprint
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.models_api import IdempotencyKey
@@ -46,9 +47,10 @@ def traffic(server: ApiServer, headers: dict[str, str], *, seconds: float) -> tu
     return latencies, codes
 
 
-def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str]) -> None:
+def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]
+                                                 ) -> None:
     # Its own Redis database (no worker reads it), emptied at the end.
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7")
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(7))
     server = ApiServer(settings)
     stuck_tenant, other_tenant = f"stuck-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
     stuck = {"Authorization": f"Bearer {new_key(settings, stuck_tenant)}", "Idempotency-Key": "died-with-its-api"}
@@ -96,15 +98,15 @@ def test_a_stuck_key_costs_other_tenants_nothing(pipeline_env: dict[str, str]) -
         assert all(c < 500 for c in statuses)
     finally:
         server.stop()
-        redis.Redis.from_url(settings.broker_url).flushdb()
+        flush(settings.broker_url)
 
 
-def test_waiting_twins_hold_no_thread(pipeline_env: dict[str, str]) -> None:
+def test_waiting_twins_hold_no_thread(pipeline_env: dict[str, str], quiet_redis: Callable[[int], str]) -> None:
     """With no in-flight limit in the way (200), 100 retries wait on a key whose owner lives: they
     sleep on the event loop, so the 40 pool threads every sync route needs stay free and another
     tenant's p99 stays under 0.5 s (were each waiter a thread, the pool would be theirs for 120 s).
     Then the owner dies: one waiter takes the key over and creates the job, the others get it."""
-    settings = make_settings(pipeline_env, broker_url=pipeline_env["YUE2_BROKER_URL"].rsplit("/", 1)[0] + "/7",
+    settings = make_settings(pipeline_env, broker_url=quiet_redis(7),
                              tenant_max_in_flight=200)
     server = ApiServer(settings)
     waiting_tenant, other_tenant = f"wait-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
@@ -157,4 +159,4 @@ def test_waiting_twins_hold_no_thread(pipeline_env: dict[str, str]) -> None:
         owner.close()
         owner.engine.dispose()
         server.stop()
-        redis.Redis.from_url(settings.broker_url).flushdb()
+        flush(settings.broker_url)
