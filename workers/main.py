@@ -190,6 +190,7 @@ def _serve(settings: Settings, runner: Runner, *, app: Celery, sessions: session
     ctx = WorkerContext(settings=settings, sessions=sessions, storage=storage, runner=runner, name=node,
                         runtime=runtime, load=load)
     _announce(ctx)
+    _record_placement(ctx)
     ctx.requeue = lambda job_ids: _requeue(ctx, app, job_ids)
     register(app, lambda: ctx, settings)
     install_swap_commands(lambda: ctx.swap)
@@ -264,6 +265,19 @@ def _announce(ctx: WorkerContext) -> None:
     if settings.metrics_port:
         ctx.runtime.add(MetricsServer(ctx.metrics.registry, port=settings.metrics_port, host=settings.metrics_host))
         log.info("metrics on %s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+
+def _record_placement(ctx: WorkerContext) -> None:
+    """Where this process runs, for the A/B report's latency verdict (every worker, font workers
+    too: one row each, and a report never meets a worker it cannot place for want of a kind)."""
+    from workers.status_row import record_placement
+
+    try:
+        with ctx.sessions() as session:
+            record_placement(session, name=ctx.name, runner=ctx.runner)
+    except Exception as exc:  # serve anyway: without the record a report only withholds its latency verdict
+        log.warning("could not record this worker's placement (%s: %s); A/B reports will not compare the "
+                    "latencies of jobs it runs", type(exc).__name__, exc)
 
 
 def _warn_if_host_local(settings: Settings) -> None:

@@ -1,11 +1,14 @@
 """A worker process's row in `worker_processes`: what it serves and how its last swap went, the
 watchdog's swap request to it, its heartbeat. The watchdog, `/healthz`, `yue2 workers` and the
 reconciler (a silent row is a dead worker) read it; one process holds a node name at a time.
+Beside it, the process's row in `worker_placements` (where it runs: CPUs, device), which outlives
+it for the A/B report (`yue2_jobs.experiments.placement`).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from sqlalchemy import delete, select, update
@@ -15,7 +18,7 @@ from sqlalchemy.orm import Session
 from workers.protocol import Runner
 from workers.swap import SwapStatus
 from yue2_jobs.core.procs import pid_space
-from yue2_jobs.db.models import WorkerProcess
+from yue2_jobs.db.models import WorkerPlacement, WorkerProcess
 from yue2_jobs.db.session import affected, as_utc, utcnow
 from yue2_jobs.jobs.capacity import LIVE_WITHIN_S, STARTING
 
@@ -125,3 +128,47 @@ def report_down(session: Session, *, name: str, variant: str, error: str | None)
         session.merge(WorkerProcess(name=name, variant=variant, checkpoint=f"{variant}@{STARTING}", pid=os.getpid(),
                                     pid_space=space, heartbeat_at=now, load_error=error))
     session.commit()
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name, best effort (None off Linux, or on CPUs whose cpuinfo has none, e.g. some ARM)."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name" and value.strip():
+                return value.strip()[:200]
+    except OSError:
+        pass
+    return None
+
+
+def _device_of(runner: Runner) -> tuple[str, str | None, str | None]:
+    """The runner's device (`cpu` or `cuda:N`), the GPU's name and id: a model runner's decode
+    session's device; a font runner has none and runs on the CPU. torch is imported only for a
+    CUDA device, which means it is loaded already."""
+    device = getattr(getattr(runner, "session", None), "device", None)
+    if device is None or getattr(device, "type", "cpu") != "cuda":
+        return "cpu", None, None
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    return f"cuda:{index}", torch.cuda.get_device_name(index), None if uuid is None else str(uuid)[:64]
+
+
+def record_placement(session: Session, *, name: str, runner: Runner) -> WorkerPlacement:
+    """Write (or overwrite) where this process runs, as it starts serving: never deleted, so a
+    report after the worker is gone still reads it. The CPUs are those it may run on (its affinity:
+    the launcher's pinning, a container's cpuset), not the machine's."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    try:
+        machine: str | None = Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:64] or None
+    except OSError:  # not Linux: the hostname is all there is
+        machine = None
+    device, device_name, device_uuid = _device_of(runner)
+    row = session.merge(WorkerPlacement(name=name, host=socket.gethostname()[:200], machine=machine, cpus=cpus,
+                                        cpu_count=len(cpus), cpu_model=cpu_model(), device=device,
+                                        device_name=device_name, device_uuid=device_uuid, recorded_at=utcnow()))
+    session.commit()
+    return row

@@ -17,7 +17,7 @@ from yue2_jobs.db.models import Base
 
 TABLES = {"alembic_version", "api_keys", "batches", "checkpoint_versions", "checkpoint_activations", "experiments",
           "files", "jobs",
-          "worker_processes", "idempotency_keys", "webhook_endpoints", "webhook_deliveries"}
+          "worker_processes", "worker_placements", "idempotency_keys", "webhook_endpoints", "webhook_deliveries"}
 
 
 def check_round_trip(url: str) -> None:

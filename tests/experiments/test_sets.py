@@ -2,8 +2,9 @@
 an experiment of the shipped `base` and `legal`, the shipped eval sets submitted as `yue2 ab
 export-eval` writes them, and the workers' part played by writing each job's outcome into its row
 (who ran it, when, what it wrote). No verdict is pooled over the two sets, each arm outside its
-domain is warned about, a latency verdict from workers on one host is withheld, and each set shows
-five items side by side."""
+domain is warned about, a latency verdict from workers sharing one host's cores is withheld (and
+given, with its interval, from workers on separate, equal CPUs), and each set shows five items
+side by side."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from yue2_jobs.api.app import create_app
 from yue2_jobs.auth import create_api_key
 from yue2_jobs.core.config import Settings
 from yue2_jobs.db.migrate import upgrade_head
-from yue2_jobs.db.models import Job, JobStatus
+from yue2_jobs.db.models import Job, JobStatus, WorkerPlacement
 from yue2_jobs.db.session import session_factory, utcnow
 from yue2_jobs.experiments.eval_sets import export_eval_sets
 from yue2_jobs.experiments.examples import GONE
@@ -43,9 +44,10 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, sessionmaker[Session]]]:
 
 
 def run_experiment(api: tuple[TestClient, sessionmaker[Session]], tmp_path: Path, *,
-                   workers: dict[str, str], domains: bool = True) -> str:
+                   workers: dict[str, str], domains: bool = True, cpus: dict[str, list[int]] | None = None) -> str:
     """A paired base-vs-legal experiment on both shipped eval sets, each job 'run' by `workers[variant]`:
-    each variant writes the reference on its own domain's set and a wrong licence name on the other."""
+    each variant writes the reference on its own domain's set and a wrong licence name on the other.
+    `cpus`: each variant's worker recorded as running on these CPUs of one machine (else unrecorded)."""
     client, sessions = api
     exp = client.post("/v1/experiments", json={"name": "t", "mode": "paired",
                                                "variants": [{"variant": "base"}, {"variant": "legal"}]}).json()
@@ -64,6 +66,9 @@ def run_experiment(api: tuple[TestClient, sessionmaker[Session]], tmp_path: Path
             job.output_text = job.reference if own else "Apache License 2.0 (Apache-2.0), OSI approved"
             job.started_at, job.finished_at = now, now + timedelta(seconds=0.5 + (i % 7) / 10)
             job.output_tokens, job.checkpoint = 8, f"{job.variant}@v1"
+        for variant, mine in (cpus or {}).items():
+            session.add(WorkerPlacement(name=workers[variant], host="box", machine="boot-1", cpus=mine,
+                                        cpu_count=len(mine), cpu_model="Xeon", device="cpu", recorded_at=now))
         session.commit()
     return str(exp["id"])
 
@@ -129,16 +134,47 @@ def test_a_set_without_a_domain_says_it_could_not_check(api: Any, tmp_path: Path
 
 def test_no_latency_verdict_from_workers_sharing_a_host(api: Any, tmp_path: Path) -> None:
     client, _ = api
-    exp_id = run_experiment(api, tmp_path, workers={"base": "base-cpu0@box", "legal": "legal-cpu0@box"})
+    exp_id = run_experiment(api, tmp_path, workers={"base": "base-cpu0@box", "legal": "legal-cpu0@box"},
+                            cpus={"base": [0, 1], "legal": [0, 1]})
     report = client.get(f"/v1/experiments/{exp_id}/report").json()
     for seg in report["segments"].values():
         latency = seg["differences"]["legal - base"]["latency_s"]
-        assert latency["value"] is not None and "same host, box" in latency["not_comparable"]
+        assert latency["value"] is not None and latency["comparable"] is False
+        assert "same host, box, sharing its CPUs 0-1" in latency["not_comparable"]
         ways = {v["direction"] for v in seg["verdicts"] if "latency" in v["text"]}
         assert ways == {"incomparable"}  # said, and neither better nor worse
     text = format_report(report)
     assert "latency, mean (s) not comparable here: base (base-cpu0@box) and legal (legal-cpu0@box) ran on" in text
     assert not re.search(r"latency[^\n]*, (better|worse)", text)
+
+
+def test_a_latency_verdict_from_workers_on_separate_equal_cpus(api: Any, tmp_path: Path) -> None:
+    client, sessions = api
+    exp_id = run_experiment(api, tmp_path, workers={"base": "base-cpu0@box", "legal": "legal-cpu1@box"},
+                            cpus={"base": [0, 1], "legal": [2, 3]})
+    with sessions() as session:  # legal a second slower on every item
+        for job in session.execute(select(Job)).scalars():
+            job.finished_at = job.started_at + timedelta(seconds=1.5 if job.variant == "legal" else 0.5)
+        session.commit()
+    report = client.get(f"/v1/experiments/{exp_id}/report").json()
+    for seg in report["segments"].values():
+        latency = seg["differences"]["legal - base"]["latency_s"]
+        assert latency["comparable"] is True and latency["not_comparable"] is None
+        assert latency["value"] == pytest.approx(1.0) and latency["ci95"] == pytest.approx([1.0, 1.0])
+        verdict = [v for v in seg["verdicts"] if "latency" in v["text"]]
+        assert [v["direction"] for v in verdict] == ["worse"]
+        assert verdict[0]["text"].startswith("legal vs base: latency, mean (s) +1.000 [+1.000, +1.000]")
+    text = format_report(report)
+    assert "not comparable" not in text and text.count("latency, mean (s) +1.000") == 2
+
+
+def test_latency_of_workers_without_a_recorded_placement_is_not_compared(api: Any, tmp_path: Path) -> None:
+    client, _ = api
+    exp_id = run_experiment(api, tmp_path, workers={"base": "base-1@hostA", "legal": "legal-2@hostB"})
+    latency = client.get(f"/v1/experiments/{exp_id}/report").json()["segments"]["legal eval"]["differences"][
+        "legal - base"]["latency_s"]
+    assert latency["comparable"] is False and "base-1@hostA of base has no recorded placement" in latency[
+        "not_comparable"]
 
 
 def test_five_items_of_each_set_side_by_side(api: Any, tmp_path: Path) -> None:

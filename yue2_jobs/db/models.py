@@ -235,6 +235,27 @@ class WorkerProcess(Base):
     heartbeat_at: Mapped[datetime]
 
 
+class WorkerPlacement(Base):
+    """Where a worker process last ran: written as it starts serving, never deleted (unlike its
+    `worker_processes` row), so an A/B report weeks later can still tell whether two arms' workers
+    held separate, equal hardware (`experiments.placement`). A node name restarted elsewhere
+    overwrites it: the record is the latest start's."""
+
+    __tablename__ = "worker_placements"
+
+    name: Mapped[str] = mapped_column(String(200), primary_key=True)  # the Celery node name, as in jobs.worker
+    host: Mapped[str] = mapped_column(String(200))  # socket.gethostname()
+    # The running kernel's boot id: one per machine, shared by its containers (whose hostnames differ).
+    machine: Mapped[str | None] = mapped_column(String(64))
+    cpus: Mapped[list[int]] = mapped_column(JSON)  # os.sched_getaffinity(0), sorted
+    cpu_count: Mapped[int] = mapped_column(Integer)
+    cpu_model: Mapped[str | None] = mapped_column(String(200))  # /proc/cpuinfo "model name"
+    device: Mapped[str] = mapped_column(String(32))  # cpu | cuda:N (N as this process numbers it)
+    device_name: Mapped[str | None] = mapped_column(String(200))  # torch.cuda.get_device_name
+    device_uuid: Mapped[str | None] = mapped_column(String(64))  # the GPU's own id, whatever N says
+    recorded_at: Mapped[datetime]
+
+
 class ExperimentMode(StrEnum):
     """`split`: each request runs on one variant (hash of its custom_id); `paired`: on every variant."""
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -82,16 +82,17 @@ def embedded_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def start_worker(env: dict[str, str], *, variant: str, home: Path,
-                 owner: dict[str, tuple[subprocess.Popen[bytes], Path]] | None = None,
+                 owner: dict[str, tuple[subprocess.Popen[bytes], Path]] | None = None, cpus: list[int] | None = None,
                  ) -> tuple[subprocess.Popen[bytes], Path]:
     """`yue2 worker --variant V` in a subprocess; returns once it is ready (its ready file exists).
     The worker gets SIGTERM if this process dies, however it dies. It is in `owner[variant]` from
-    the moment it exists, so a stop that lands while it loads finds it."""
+    the moment it exists, so a stop that lands while it loads finds it. `cpus`: the CPUs it may run
+    on (its launcher splits them among its children), else all of this process's."""
     ready, log = home / f"worker-{variant}.ready", home / f"worker-{variant}.log"
     with signals_deferred():  # a stop landing between Popen's fork and `owner` would miss the process
         proc = subprocess.Popen([sys.executable, "-m", "workers", "--variant", variant], cwd=home,
                                 env={**env, "YUE2_WORKER_READY_FILE": str(ready)}, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT, preexec_fn=die_with_parent, process_group=0)
+                                stderr=subprocess.STDOUT, preexec_fn=_pinned(cpus), process_group=0)
         if owner is not None:
             owner[variant] = (proc, log)
     try:
@@ -118,9 +119,18 @@ class EmbeddedStack:
     server: Any
     workers: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
 
-    def worker(self, variant: str) -> subprocess.Popen[bytes]:
-        """Start a worker for `variant` (see `start_worker`), owned by this stack."""
-        return start_worker(self.env, variant=variant, home=self.home, owner=self.workers)[0]
+    def worker(self, variant: str, *, cpus: list[int] | None = None) -> subprocess.Popen[bytes]:
+        """Start a worker for `variant` (see `start_worker`; `cpus`: pinned to these), owned by this stack."""
+        return start_worker(self.env, variant=variant, home=self.home, owner=self.workers, cpus=cpus)[0]
+
+
+def _pinned(cpus: list[int] | None) -> Callable[[], None]:
+    """A worker's `preexec_fn`: its CPUs set (when given), and SIGTERM when this process dies."""
+    def setup() -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        die_with_parent()
+    return setup
 
 
 def stop_with_parent() -> None:

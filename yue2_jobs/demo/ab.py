@@ -4,13 +4,17 @@ pipeline (SQLite, filesystem queue, local storage: no servers).
 Starts the API and one worker per variant, creates a paired experiment, submits each eval set as
 a batch under it, as `yue2 ab export-eval` writes it (the references ride along in each line's
 `reference`; the batch's metadata names the set and its domain), waits, and prints the report;
-writes the JSON and the HTML report (with plots) to --out. Both workers share this machine's
-cores, so the report withholds its latency verdict, and says so.
+writes the JSON and the HTML report (with plots) to --out. With two CPUs or more, each worker is
+pinned to its own, equal share of this process's CPUs (`arm_cpus`), so the report can give a
+latency verdict (each worker records where it ran, `experiments.placement`); the API and this
+process still run beside them, so the verdict is as good as the machine is quiet. With one CPU
+the workers share it, and the report withholds the latency verdict and says why.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,14 +27,25 @@ from yue2_jobs.experiments.eval_sets import SHIPPED_SETS, export_eval_sets
 VARIANTS = ("base", "legal")
 
 
+def arm_cpus(allowed: list[int], arms: int) -> list[list[int] | None]:
+    """Each arm's worker's CPUs: equal, disjoint, contiguous shares of `allowed` (an odd one left
+    over stays with the API); None for every arm (unpinned, sharing) when there are fewer CPUs than arms."""
+    share = len(allowed) // arms
+    if share == 0:
+        return [None] * arms
+    ordered = sorted(allowed)
+    return [ordered[i * share:(i + 1) * share] for i in range(arms)]
+
+
 def main(*, items: int | None, out: Path) -> None:
     from yue2_jobs.client import Client
     from yue2_jobs.experiments.text import format_report
 
     stop_with_parent()
     with embedded_stack(prefix="yue2-ab-", tenant="ab-demo") as stack:
-        for variant in VARIANTS:
-            stack.worker(variant)
+        for variant, cpus in zip(VARIANTS, arm_cpus(sorted(os.sched_getaffinity(0)), len(VARIANTS)), strict=True):
+            stack.worker(variant, cpus=cpus)
+            print(f"{variant} worker on {'CPUs ' + ','.join(map(str, cpus)) if cpus else 'all CPUs, shared'}")
         home, url, key = stack.home, stack.url, stack.key
         client = Client(url, key)
         exp = client.create_experiment(name="base vs legal on both eval sets", mode="paired",

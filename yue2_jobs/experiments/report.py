@@ -30,7 +30,7 @@ from yue2_jobs.db.models import Batch, Experiment, ExperimentMode, Job, JobStatu
 from yue2_jobs.experiments.domains import clean_domain, domain_warnings
 from yue2_jobs.experiments.examples import examples
 from yue2_jobs.experiments.metrics import verdicts
-from yue2_jobs.experiments.placement import latency_not_comparable
+from yue2_jobs.experiments.placement import Placement, latency_not_comparable, load_placements
 from yue2_jobs.jobs.assignment import get_experiment, variant_names
 from yue2_jobs.jobs.outputs import read_text
 from yue2_jobs.rouge import pair_scores
@@ -207,9 +207,11 @@ def difference(control: list[JobRecord], treatment: list[JobRecord], *, metric: 
     return {"metric": metric, "paired": paired, **est}
 
 
-def segment_report(records: list[JobRecord], variants: list[str], *, paired: bool) -> dict[str, Any]:
+def segment_report(records: list[JobRecord], variants: list[str], *, paired: bool,
+                   placements: dict[str, Placement] | None = None) -> dict[str, Any]:
     """One eval set's figures: each variant's metrics, each difference from the control (latency's
-    with why it cannot be compared here, `placement`) and the verdicts they support."""
+    read only where `placements`, where each worker ran, show the arms' workers separate and equal,
+    else with why not: `placement`) and the verdicts they support."""
     rng = np.random.default_rng(SEED)
     by_variant: dict[str, list[JobRecord]] = defaultdict(list)
     for r in records:
@@ -218,8 +220,9 @@ def segment_report(records: list[JobRecord], variants: list[str], *, paired: boo
     differences = {}
     for v in variants[1:]:
         diffs = {m: difference(by_variant[control], by_variant[v], metric=m, paired=paired, rng=rng) for m in COMPARED}
-        diffs["latency_s"]["not_comparable"] = latency_not_comparable(
-            {arm: {r.worker for r in by_variant[arm] if r.succeeded} for arm in (control, v)})
+        why = latency_not_comparable({arm: {r.worker for r in by_variant[arm] if r.succeeded} for arm in (control, v)},
+                                     placements)
+        diffs["latency_s"].update(comparable=why is None, not_comparable=why)
         differences[f"{v} - {control}"] = diffs
     seg: dict[str, Any] = {"items": len({(r.batch_id, r.custom_id) for r in records}),
                            "variants": {v: variant_metrics(by_variant[v], rng) for v in variants},
@@ -231,12 +234,13 @@ def segment_report(records: list[JobRecord], variants: list[str], *, paired: boo
 def build_report(session: Session, exp: Experiment, storage: Storage) -> dict[str, Any]:
     """The report as JSON: a segment per eval set (no pooled one: see the module's docstring)."""
     records, sets = load_records(session, exp, storage)
+    placements = load_placements(session, (r.worker for r in records if r.succeeded))
     variants, paired = variant_names(exp), exp.mode == ExperimentMode.PAIRED
     domains = {a["variant"]: clean_domain(a.get("domain")) for a in exp.arms["variants"]}
     segments = {}
     for s in sets:
         mine = [r for r in records if r.batch_id in s.batch_ids]
-        seg = segment_report(mine, variants, paired=paired)
+        seg = segment_report(mine, variants, paired=paired, placements=placements)
         seg.update(batches=list(s.batch_ids), domain=s.domain,
                    warnings=domain_warnings(set_label=s.label, set_domain=s.domain, arms=domains),
                    examples=examples(session, storage, mine, variants))
