@@ -187,3 +187,23 @@ def test_flower_without_credentials_is_refused() -> None:
     done = compose_config()
     assert done.returncode != 0
     assert "set YUE2_FLOWER_BASIC_AUTH=user:password" in done.stderr
+
+
+def test_the_offline_engine_keeps_containers_clear_of_the_two_host_test() -> None:
+    """dockerd's bridge and pools (infra/offline/daemon.json) stay inside 198.51.100.0/24, as every
+    address a test uses must, yet clear of the namespaces' addresses in tests/distributed: an engine
+    owning 198.51.100.1 made the two-host test's services host unreachable (the route was local)."""
+    import ipaddress
+    import json
+
+    from tests.distributed.netns import CLIENT_ADDR, SUBNET
+
+    daemon = json.loads((ROOT / "infra" / "offline" / "daemon.json").read_text())
+    test_net = ipaddress.ip_network(f"{SUBNET}.0/24")
+    docker_nets = [ipaddress.ip_interface(daemon["bip"]).network]
+    docker_nets += [ipaddress.ip_network(pool["base"]) for pool in daemon["default-address-pools"]]
+    namespaces = [ipaddress.ip_address(f"{SUBNET}.{i}") for i in range(1, 11)] + [ipaddress.ip_address(CLIENT_ADDR)]
+    for net in docker_nets:
+        assert net.subnet_of(test_net), f"{net} is outside {test_net}"
+        taken = [str(a) for a in namespaces if a in net]
+        assert not taken, f"docker's {net} holds the two-host test's {taken}"

@@ -1,9 +1,9 @@
 """The shared services of the two-host test, each on the `services` host's address: a Postgres
-of its own (`initdb` into a temporary directory, run as the postgres user), Redis and moto."""
+of its own (`initdb` into a temporary directory, run as the postgres user: tests/private_postgres.py),
+Redis and moto."""
 
 from __future__ import annotations
 
-import glob
 import shutil
 import subprocess
 import sys
@@ -13,16 +13,10 @@ from pathlib import Path
 
 from tests.distributed.netns import SUBNET, Host
 from tests.pipeline.conftest import wait_for
+from tests.private_postgres import init_data_dir, is_ready, pg_bin, server_argv
 
 PG_PORT, REDIS_PORT, S3_PORT = 5432, 6379, 5000
 BUCKET = "yue2-dist"
-
-
-def _pg_bin(name: str) -> str:
-    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
-    if not found:
-        raise RuntimeError(f"PostgreSQL's {name} is not installed (looked in /usr/lib/postgresql/*/bin)")
-    return found[-1]
 
 
 @dataclass
@@ -49,27 +43,20 @@ class Services:
 def start_services(host: Host, *, logs: Path, env: dict[str, str]) -> Services:
     # The postgres user must reach the data directory: not under pytest's root-only tmp tree.
     pg_dir = Path(tempfile.mkdtemp(prefix="yue2-dist-pg-"))
-    shutil.chown(pg_dir, "postgres", "postgres")
     services = Services(host=host, pg_dir=pg_dir)
-    data = pg_dir / "data"
-    subprocess.run(["runuser", "-u", "postgres", "--", _pg_bin("initdb"), "-D", str(data), "-U", "postgres",
-                    "--auth=trust", "--no-sync", "-E", "UTF8"], check=True, capture_output=True)
+    data = init_data_dir(pg_dir)
     with (data / "pg_hba.conf").open("a") as hba:
         hba.write(f"host all all {SUBNET}.0/24 trust\n")
-    host.popen(["runuser", "-u", "postgres", "--", _pg_bin("postgres"), "-D", str(data),
-                "-c", f"listen_addresses={host.addr}", "-c", f"port={PG_PORT}",
-                "-c", f"unix_socket_directories={pg_dir}", "-c", "fsync=off", "-c", "synchronous_commit=off",
-                "-c", "full_page_writes=off", "-c", "max_connections=200"], env=env, log=logs / "postgres.log")
+    # Under runuser: `ip netns exec` runs what it is given as root, and postgres refuses root.
+    host.popen(["runuser", "-u", "postgres", "--", *server_argv(data, host=host.addr, port=PG_PORT, socket_dir=pg_dir)],
+               env=env, log=logs / "postgres.log")
     host.popen(["redis-server", "--bind", host.addr, "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
                 "--protected-mode", "no"], env=env, log=logs / "redis.log")
     host.popen([str(Path(sys.executable).with_name("moto_server")), "-H", host.addr, "-p", str(S3_PORT)],
                env=env, log=logs / "moto.log")
 
-    def postgres_up() -> bool:
-        return subprocess.run([_pg_bin("pg_isready"), "-q", "-h", host.addr, "-p", str(PG_PORT)]).returncode == 0
-
-    wait_for(postgres_up, timeout=60, what="Postgres on the services host", interval=0.2)
-    subprocess.run(["runuser", "-u", "postgres", "--", _pg_bin("createdb"), "-h", host.addr, "-p", str(PG_PORT),
+    wait_for(lambda: is_ready(host.addr, PG_PORT), timeout=60, what="Postgres on the services host", interval=0.2)
+    subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("createdb"), "-h", host.addr, "-p", str(PG_PORT),
                     "yue2"], check=True, capture_output=True)
 
     import boto3

@@ -4,8 +4,9 @@ as subprocesses (so they can be SIGKILLed).
 
 Every database a test writes is one the run created: Postgres databases made here and dropped
 after (`temporary_pg_database`), the Redis server started here (every database of it, flushed at
-will). Each test process has its own: pytest-xdist's workers each start theirs. `YUE2_TEST_REDIS`
-names a Redis database to use (and empty) instead of the scratch server's database 0.
+will). Each test process has its own: pytest-xdist's workers each start theirs. A test that
+restarts Postgres restarts one of its own (tests/private_postgres.py), never the machine's.
+`YUE2_TEST_REDIS` names a Redis database to use (and empty) instead of the scratch server's database 0.
 A missing Postgres or redis-server skips these tests locally and fails them under CI=true.
 """
 
@@ -72,7 +73,7 @@ def temporary_pg_database(prefix: str) -> Iterator[str]:
         from yue2_jobs.db.session import engine_for
 
         engine_for(url).dispose()
-        admin.dispose()  # its pooled connection may predate a Postgres restart (the chaos test)
+        admin.dispose()  # a fresh connection for the DROP: the pooled one may have timed out
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
@@ -164,13 +165,19 @@ def s3(s3_server: S3Server) -> dict[str, str]:
 def pipeline_env(pg_url: str, redis_url: str, s3: dict[str, str], tmp_path_factory: pytest.TempPathFactory
                  ) -> dict[str, str]:
     """YUE2_* settings every process of a pipeline test shares (short leases so recovery is quick)."""
+    return stack_env(database_url=pg_url, broker_url=redis_url, s3=s3, home=tmp_path_factory.mktemp("yue2home"))
+
+
+def stack_env(*, database_url: str, broker_url: str, s3: dict[str, str], home: Path) -> dict[str, str]:
+    """The settings of a pipeline stack on these services, its database migrated: the session's
+    (`pipeline_env`), or a test's own (the chaos test's, on a Postgres it restarts)."""
     from yue2_jobs.db.migrate import upgrade_head
 
-    upgrade_head(pg_url)
+    upgrade_head(database_url)
     return {
-        "YUE2_HOME": str(tmp_path_factory.mktemp("yue2home")),
-        "YUE2_DATABASE_URL": pg_url,
-        "YUE2_BROKER_URL": redis_url,
+        "YUE2_HOME": str(home),
+        "YUE2_DATABASE_URL": database_url,
+        "YUE2_BROKER_URL": broker_url,
         "YUE2_STORAGE_URL": f"s3://{s3['bucket']}/out",
         "YUE2_S3_ENDPOINT_URL": s3["endpoint"],
         "YUE2_LEASE_S": "2",
@@ -288,18 +295,27 @@ class Worker:
         return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
 
 
-@pytest.fixture
-def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+@contextlib.contextmanager
+def worker_pool(env: dict[str, str], log_dir: Path) -> Iterator[Callable[..., Worker]]:
+    """`start(*args, **extra_env)` starts a Worker on `env`; every one started is stopped at the end."""
     started: list[Worker] = []
 
     def start(*args: str, **extra_env: str) -> Worker:
-        w = Worker(pipeline_env, tmp_path, *args, **extra_env).start()
+        w = Worker(env, log_dir, *args, **extra_env).start()
         started.append(w)
         return w
 
-    yield start
-    for w in started:
-        w.stop()
+    try:
+        yield start
+    finally:
+        for w in started:
+            w.stop()
+
+
+@pytest.fixture
+def workers(pipeline_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    with worker_pool(pipeline_env, tmp_path) as start:
+        yield start
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Faults during a batch, on the real Postgres, Redis and a moto S3 server: a Postgres restart, a 20 s
-S3 outage, a worker killed with SIGKILL. After each, every custom_id is in the output or error file
-exactly once, no job is left `queued` or `running`, and no job failed because of the fault.
+"""Faults during a batch, on real Postgres, Redis and a moto S3 server: a Postgres restart (of a cluster
+the test started, tests/private_postgres.py: never the machine's), a 20 s S3 outage, a worker killed
+with SIGKILL. After each, every custom_id is in the output or error file exactly once, no job is
+left `queued` or `running`, and no job failed because of the fault.
 
 The worker runs the echo runner (no model: tests/pipeline/echo_runner.py), so each batch is
 long enough to be hit mid-run yet short, with the shipped defaults for the lease, the reconciler,
@@ -10,12 +11,13 @@ other pipeline tests). Each test prints how long the pipeline took to recover.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
-import subprocess
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,19 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from tests.pipeline.conftest import PG_ADMIN_URL, S3Server, wait_for
+from tests.pipeline.conftest import (
+    ApiServer,
+    S3Server,
+    make_settings,
+    new_key,
+    service_unavailable,
+    stack_env,
+    wait_for,
+    worker_pool,
+)
 from tests.pipeline.echo_runner import echo
+from tests.private_postgres import PrivatePostgres, PrivatePostgresError
+from tests.scratch_redis import ScratchRedis, ScratchRedisError
 from yue2_jobs.client import ApiError, Client
 from yue2_jobs.db.models import Job
 from yue2_jobs.db.session import engine_for, session_factory
@@ -119,28 +132,54 @@ def run_with_fault(client: Client, workers: Any, tmp_path: Path, fault: Any, *, 
     return state, by_custom_id, timing, worker
 
 
-def _pg_ctlcluster() -> list[str]:
-    if shutil.which("pg_ctlcluster") is None or not Path("/etc/postgresql").is_dir() or os.geteuid() != 0 \
-            or "127.0.0.1" not in PG_ADMIN_URL:
-        reason = "restarting Postgres needs root, pg_ctlcluster and the local cluster"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason + " (CI=true: the chaos tests must run)")
-        pytest.skip(reason)
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    return ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main"]
+@dataclass
+class PrivateStack:
+    """The API, workers and settings of one test, on a Postgres cluster and a Redis server of its own."""
+    postgres: PrivatePostgres
+    settings: Any
+    client: Client
+    workers: Any
 
 
-def test_postgres_restart_mid_batch_strands_and_fails_nothing(client: Client, workers: Any, settings: Any,
-                                                               tmp_path: Path) -> None:
-    ctl = _pg_ctlcluster()
+@pytest.fixture
+def private_stack(s3: dict[str, str], tenant: str, tmp_path: Path) -> Iterator[PrivateStack]:
+    """A stack the test may take Postgres away from: the session's shares the machine's cluster with
+    everyone on it. Its broker is a scratch Redis of its own too, so no message of the session's
+    stack (published to the shared database 0) names a job its database lacks."""
+    with contextlib.ExitStack() as stack:
+        try:
+            postgres = PrivatePostgres.create()
+        except PrivatePostgresError as exc:
+            reason = f"restarting a Postgres of the test's own needs root and initdb: {exc}"
+            if os.environ.get("CI") == "true":
+                pytest.fail(reason + " (CI=true: the chaos tests must run)")
+            pytest.skip(reason)
+        stack.callback(postgres.destroy)
+        stack.callback(lambda: engine_for(postgres.url()).dispose())  # close its pool before the server goes
+        try:
+            broker = ScratchRedis.start()
+        except ScratchRedisError as exc:
+            service_unavailable("a Redis server of the test's own", exc)
+        stack.callback(broker.stop)
+        env = stack_env(database_url=postgres.url(), broker_url=broker.url(0), s3=s3, home=tmp_path)
+        settings = make_settings(env)
+        api = ApiServer(settings)
+        stack.callback(api.stop)
+        start_worker = stack.enter_context(worker_pool(env, tmp_path))
+        yield PrivateStack(postgres=postgres, settings=settings, client=Client(api.url, new_key(settings, tenant)),
+                           workers=start_worker)
+
+
+def test_postgres_restart_mid_batch_strands_and_fails_nothing(private_stack: PrivateStack, tmp_path: Path) -> None:
+    client, settings = private_stack.client, private_stack.settings
 
     def restart(_: Any) -> None:
-        subprocess.run([*ctl, "restart"], check=True, timeout=120, capture_output=True)
+        private_stack.postgres.restart()  # a fast shutdown: every session is cut, as in a real restart
         # This process's pooled connections (the test's and the in-thread API's) died with the
         # server; the API would find out on its next statement (one 503), the test need not.
         engine_for(settings.resolved_database_url).dispose()
 
-    state, by_custom_id, timing, worker = run_with_fault(client, workers, tmp_path, restart)
+    state, by_custom_id, timing, worker = run_with_fault(client, private_stack.workers, tmp_path, restart)
     assert_exactly_once(client, settings, state, by_custom_id)
     assert "retrying in" in worker.log.read_text(errors="replace"), "the restart did not meet the worker"
     print(f"postgres restart: {timing}")
