@@ -24,6 +24,8 @@ ONE_SHOT = {"minio-bucket", "migrate", "apikey"}
 # Long-running services without a healthcheck: neither has an endpoint that says more than that
 # the process runs (which `restart: unless-stopped` already watches), and nothing waits on them.
 NO_HEALTHCHECK = {"watchdog", "flower"}
+# The variables the stack refuses to start without (`${VAR:?...}`): no secret has a default.
+REQUIRED = {"YUE2_FLOWER_BASIC_AUTH": "ops:secret", "YUE2_METRICS_TOKEN": "tok-from-env-123"}
 WORKERS = {"worker-base", "worker-legal", "worker-base-cpu", "worker-legal-cpu", "worker-fonts"}
 
 
@@ -48,7 +50,7 @@ def compose_config(*files: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def services(*files: str, **env: str) -> dict[str, Any]:
-    done = compose_config(*files, YUE2_FLOWER_BASIC_AUTH="ops:secret", **env)
+    done = compose_config(*files, **{**REQUIRED, **env})
     assert done.returncode == 0, done.stderr
     return dict(yaml.safe_load(done.stdout)["services"])
 
@@ -137,9 +139,8 @@ def test_long_running_services_have_healthchecks_and_dependents_wait_on_them() -
 
 
 def test_the_metrics_token_reaches_the_api_and_prometheus() -> None:
-    for env, token in (({"YUE2_METRICS_TOKEN": "tok-from-env-123"}, "tok-from-env-123"),
-                       ({}, "change-me-metrics-token")):
-        svcs = services(**env)
+    for token in ("tok-from-env-123", "another-token-456"):
+        svcs = services(YUE2_METRICS_TOKEN=token)
         assert svcs["api"]["environment"]["YUE2_METRICS_TOKEN"] == token
         assert svcs["prometheus"]["environment"]["YUE2_METRICS_TOKEN"] == token
     prom = yaml.safe_load((ROOT / "infra" / "prometheus.yml").read_text())
@@ -183,10 +184,14 @@ def test_the_build_context_leaves_out_the_environment_and_the_corpora() -> None:
     assert "data/*/train.jsonl.gz" in patterns and not any(p.startswith("!.") for p in patterns)
 
 
-def test_flower_without_credentials_is_refused() -> None:
-    done = compose_config()
+@pytest.mark.parametrize(("missing", "message"), [
+    ("YUE2_FLOWER_BASIC_AUTH", "set YUE2_FLOWER_BASIC_AUTH=user:password"),
+    ("YUE2_METRICS_TOKEN", "set YUE2_METRICS_TOKEN=")])
+def test_a_stack_without_a_secret_is_refused(missing: str, message: str) -> None:
+    # No default token or password: each copy of the file would share it.
+    done = compose_config(**{k: v for k, v in REQUIRED.items() if k != missing})
     assert done.returncode != 0
-    assert "set YUE2_FLOWER_BASIC_AUTH=user:password" in done.stderr
+    assert message in done.stderr, done.stderr
 
 
 def test_the_offline_engine_keeps_containers_clear_of_the_two_host_test() -> None:

@@ -134,6 +134,30 @@ def test_a_reader_that_left_ends_the_command_quietly(stand_in: StandInApi, comma
     assert done.stderr == b"" and done.returncode == SIGPIPE_EXIT, done.stderr.decode()
 
 
+def _break_a_pipe_of_our_own(*_: Any, **__: Any) -> dict[str, Any]:
+    """What a command writing to a child process that died meets: a BrokenPipeError not from stdout."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        os.write(write, b"x")
+    finally:
+        os.close(write)
+    raise AssertionError("a write to a pipe without a reader succeeded")
+
+
+def test_a_broken_pipe_not_our_output_is_a_failure(stand_in: StandInApi, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from yue2_jobs.client import Client
+
+    monkeypatch.setattr(Client, "status", _break_a_pipe_of_our_own)
+    monkeypatch.delenv("YUE2_DEBUG", raising=False)
+    assert _run(stand_in, "status", "batch_x") == 2  # not SIGPIPE_EXIT: our output's reader is still there
+    assert "yue2: error:" in capsys.readouterr().err
+    monkeypatch.setenv("YUE2_DEBUG", "1")
+    with pytest.raises(BrokenPipeError):
+        _run(stand_in, "status", "batch_x")
+
+
 class _FakeClient:
     """`Client.wait` as the API answers it: the states in order, the last one terminal."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import ipaddress
 import json
 import os
 import re
@@ -92,6 +93,12 @@ class Stack:
 
     def healthy(self) -> bool:
         return all(self.container(s)["State"].get("Health", {}).get("Status") == "healthy" for s in LONG_RUNNING)
+
+    def project_ids(self, *kind: str) -> list[str]:
+        """The ids of this project's objects of one kind (`ps`, `network ls`), by compose's label."""
+        label = f"label=com.docker.compose.project={PROJECT}"
+        return subprocess.run(["docker", *kind, "-q", "--no-trunc", "--filter", label], capture_output=True,
+                              text=True, check=True).stdout.split()
 
     def leftovers(self) -> list[str]:
         label = f"label=com.docker.compose.project={PROJECT}"
@@ -200,3 +207,45 @@ def test_published_ports_bind_loopback_only(stack: Stack) -> None:
     for s in LONG_RUNNING:
         if s not in ("api", "prometheus"):
             assert not stack.container(s)["HostConfig"]["PortBindings"], s
+
+
+def inspect(kind: str, ids: list[str]) -> list[dict[str, Any]]:
+    """`docker KIND inspect IDS` (container, network), parsed."""
+    return list(json.loads(subprocess.run(["docker", kind, "inspect", *ids], capture_output=True, text=True,
+                                          check=True).stdout))
+
+
+def test_every_address_is_inside_the_test_subnet_and_every_port_on_loopback(stack: Stack) -> None:
+    """What the engine really assigned, not what the files ask for: the project's networks, each
+    container's addresses and each published port's host address."""
+    allowed = ipaddress.ip_network("198.51.100.0/24")
+    networks = inspect("network", stack.project_ids("network", "ls"))
+    assert networks, f"no network of project {PROJECT}"
+    for net in networks:
+        subnets = [c["Subnet"] for c in (net.get("IPAM") or {}).get("Config") or []]
+        assert subnets, (net["Name"], net.get("IPAM"))
+        for config in net["IPAM"]["Config"]:
+            subnet = ipaddress.ip_network(config["Subnet"])  # an IPv6 one is outside too
+            assert subnet.network_address in allowed and subnet.broadcast_address in allowed, (net["Name"], config)
+            if config.get("Gateway"):
+                assert ipaddress.ip_address(config["Gateway"]) in allowed, (net["Name"], config)
+        for member in (net.get("Containers") or {}).values():
+            assert ipaddress.ip_interface(member["IPv4Address"]).ip in allowed, (net["Name"], member)
+            assert not member.get("IPv6Address"), (net["Name"], member)
+    running = inspect("container", stack.project_ids("ps"))
+    services = {c["Config"]["Labels"]["com.docker.compose.service"] for c in running}
+    assert set(LONG_RUNNING) <= services, services
+    published = set()
+    for c in running:
+        service = c["Config"]["Labels"]["com.docker.compose.service"]
+        attached = c["NetworkSettings"]["Networks"]
+        assert attached, service
+        for name, where in attached.items():
+            assert ipaddress.ip_address(where["IPAddress"]) in allowed, (service, name, where["IPAddress"])
+            assert not where.get("GlobalIPv6Address"), (service, name, where["GlobalIPv6Address"])
+        # NetworkSettings.Ports: the bindings in force (what `docker port` prints), not the requested ones
+        for port, bindings in (c["NetworkSettings"]["Ports"] or {}).items():
+            for b in bindings or []:
+                published.add((service, port, b["HostIp"], b["HostPort"]))
+    assert published == {("api", "8000/tcp", "127.0.0.1", "8000"), ("flower", "5555/tcp", "127.0.0.1", "5555"),
+                         ("prometheus", "9090/tcp", "127.0.0.1", "9090")}, published

@@ -45,3 +45,12 @@ def test_a_search_longer_than_a_metadata_value_is_refused_naming_the_limit(api: 
     assert client.get("/v1/batches", params={"search": "x" * 512}).status_code == 200
     r = client.get("/v1/batches", params={"limit": 500})
     assert r.status_code == 400 and r.json()["error"]["param"] == "limit" and "100" in r.json()["error"]["message"]
+
+
+def test_a_search_with_a_nul_is_refused_naming_the_field(api: tuple[TestClient, Any]) -> None:
+    # As every text field: on Postgres a NUL would otherwise come back as a 400 naming nothing.
+    client, _ = api
+    r = client.get("/v1/batches", params={"search": "night\x00ly"})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "search" and "NUL" in error["message"] and "position 5" in error["message"], error

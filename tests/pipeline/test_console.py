@@ -132,6 +132,9 @@ def test_the_console_shows_a_batch_reach_100_percent(api: Any, settings: Any, wo
     row.locator("a[data-report]").click()
     frame = page.frame_locator("#report-frame")
     expect(frame.locator("body")).to_contain_text("legal - base", timeout=60_000)  # the report's comparison
+    # Sandboxed, no scripts, an opaque origin: this page cannot reach into it, nor it into this page's key.
+    assert page.locator("#report-frame").get_attribute("sandbox") == ""
+    assert page.evaluate("document.getElementById('report-frame').contentDocument === null")
     page.screenshot(path=str(shots_dir(tmp_path) / "console.png"), full_page=True)
     # The report on its own fits a 1,280-pixel window.
     report = page.context.new_page()

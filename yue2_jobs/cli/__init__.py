@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 from typing import Any
 
@@ -57,19 +58,21 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             sys.stdout.flush()  # here, not at exit, so that a reader gone before the last write is met below
     except BrokenPipeError:  # from any command's output, --help's included
-        return _output_closed()
+        if stdout_gone():
+            return _output_closed()
+        raise  # a pipe of our own (to a child, a socket) broke: a failure, not a reader that left
 
 
 def _run(argv: list[str]) -> int:
     args = build_parser(train_arguments=argv[:1] in (["train"], ["train-drafter"])).parse_args(argv)
     try:
         args.func(args)
-    except BrokenPipeError:
-        raise  # the reader of our output left: main() ends quietly
     except KeyboardInterrupt:
         print("yue2: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # every failure is one line; YUE2_DEBUG=1 shows the traceback
+        if isinstance(exc, BrokenPipeError) and stdout_gone():
+            raise  # the reader of our output left: main() ends quietly
         if os.environ.get("YUE2_DEBUG"):
             raise
         print(f"yue2: error: {one_line(exc)}", file=sys.stderr)
@@ -78,6 +81,19 @@ def _run(argv: list[str]) -> int:
 
 
 SIGPIPE_EXIT = 128 + 13  # what a shell reports for a writer its reader left (`yes | head -1`), as for `cat`
+
+
+def stdout_gone() -> bool:
+    """Whether standard output is a pipe (or socket) whose reader has gone: only then is a
+    BrokenPipeError the reader leaving (`| head`) rather than some other pipe of ours breaking.
+    The kernel reports a write end without readers as POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): it has no reader to lose
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 def _output_closed() -> int:

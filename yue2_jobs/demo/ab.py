@@ -4,11 +4,13 @@ pipeline (SQLite, filesystem queue, local storage: no servers).
 Starts the API and one worker per variant, creates a paired experiment, submits each eval set as
 a batch under it, as `yue2 ab export-eval` writes it (the references ride along in each line's
 `reference`; the batch's metadata names the set and its domain), waits, and prints the report;
-writes the JSON and the HTML report (with plots) to --out. With two CPUs or more, each worker is
-pinned to its own, equal share of this process's CPUs (`arm_cpus`), so the report can give a
-latency verdict (each worker records where it ran, `experiments.placement`); the API and this
-process still run beside them, so the verdict is as good as the machine is quiet. With one CPU
-the workers share it, and the report withholds the latency verdict and says why.
+writes the JSON and the HTML report (with plots) to --out. With at least one CPU per arm and
+one more, each worker is pinned to its own, equal share of this process's CPUs and this process
+(the API, the demo's own client) to the rest (`plan_cpus`), so the report can give a latency verdict
+(each worker records where it ran, `experiments.placement`). With fewer (a 2-core machine) nothing
+is pinned: pinning each worker to one core while the API and the client still ran on those same
+cores would pass the placement check yet measure scheduling again, so the workers share the CPUs
+and the report withholds the latency verdict and says why.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +30,24 @@ from yue2_jobs.experiments.eval_sets import SHIPPED_SETS, export_eval_sets
 VARIANTS = ("base", "legal")
 
 
-def arm_cpus(allowed: list[int], arms: int) -> list[list[int] | None]:
-    """Each arm's worker's CPUs: equal, disjoint, contiguous shares of `allowed` (an odd one left
-    over stays with the API); None for every arm (unpinned, sharing) when there are fewer CPUs than arms."""
-    share = len(allowed) // arms
-    if share == 0:
-        return [None] * arms
+@dataclass(frozen=True)
+class CpuPlan:
+    """Where the demo's processes run: `arms[i]` the CPUs of arm i's worker, `rest` those of this
+    process (the API, the client) and anything else it starts; None: not pinned (all CPUs)."""
+
+    arms: list[list[int] | None]
+    rest: list[int] | None
+
+
+def plan_cpus(allowed: list[int], arms: int) -> CpuPlan:
+    """Equal, disjoint, contiguous shares of `allowed` for the arms' workers and the CPUs left over
+    (at least one) for everything else; nothing pinned when the CPUs cannot give every arm one of
+    its own and keep one besides (the API and the client would run on the arms' cores)."""
+    share = (len(allowed) - 1) // arms
+    if share <= 0:
+        return CpuPlan(arms=[None] * arms, rest=None)
     ordered = sorted(allowed)
-    return [ordered[i * share:(i + 1) * share] for i in range(arms)]
+    return CpuPlan(arms=[ordered[i * share:(i + 1) * share] for i in range(arms)], rest=ordered[arms * share:])
 
 
 def main(*, items: int | None, out: Path) -> None:
@@ -42,8 +55,12 @@ def main(*, items: int | None, out: Path) -> None:
     from yue2_jobs.experiments.text import format_report
 
     stop_with_parent()
+    plan = plan_cpus(sorted(os.sched_getaffinity(0)), len(VARIANTS))
+    if plan.rest is not None:  # before the API starts: its thread and everything started later inherit it
+        os.sched_setaffinity(0, plan.rest)
+        print(f"API and client on CPUs {','.join(map(str, plan.rest))}")
     with embedded_stack(prefix="yue2-ab-", tenant="ab-demo") as stack:
-        for variant, cpus in zip(VARIANTS, arm_cpus(sorted(os.sched_getaffinity(0)), len(VARIANTS)), strict=True):
+        for variant, cpus in zip(VARIANTS, plan.arms, strict=True):
             stack.worker(variant, cpus=cpus)
             print(f"{variant} worker on {'CPUs ' + ','.join(map(str, cpus)) if cpus else 'all CPUs, shared'}")
         home, url, key = stack.home, stack.url, stack.key

@@ -14,6 +14,7 @@ from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from yue2_jobs.core.config import Settings
+from yue2_jobs.core.safe import check_text
 from yue2_jobs.db.listing import page
 from yue2_jobs.db.models import Batch, BatchStatus, Job, JobStatus
 from yue2_jobs.db.session import affected, utcnow
@@ -74,9 +75,8 @@ def list_batches(session: Session, *, tenant: str, limit: int, after: str | None
 def _matching(search: str | None) -> tuple[Any, ...]:
     if not search:
         return ()
-    if len(search) > MAX_SEARCH_CHARS:
-        raise LimitExceededError(field="search", limit=MAX_SEARCH_CHARS, actual=len(search), unit="characters",
-                                 status=400)
+    # As every other text field: a NUL would reach Postgres as an unnamed 400 (or pass SQLite unseen).
+    check_text(search, field="search", max_chars=MAX_SEARCH_CHARS, status=400)
     # `autoescape`: a % or _ typed in the box is that character, not a wildcard.
     return (or_(Batch.id.icontains(search, autoescape=True),
                 Batch.metadata_["name"].as_string().icontains(search, autoescape=True),
