@@ -41,7 +41,7 @@ def announce(broker_url: str, key_hash: str) -> int:
         return int(r.publish(channel_for(broker_url), key_hash))
 
 
-def _listen(broker_url: str) -> None:
+def _listen(broker_url: str, *, subscribed: threading.Event) -> None:
     import redis
 
     r = redis.Redis.from_url(broker_url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=5)
@@ -52,6 +52,7 @@ def _listen(broker_url: str) -> None:
         # Whatever was cached before the subscription may have been revoked unheard.
         CACHE.clear()
         CACHE.listening = True
+        subscribed.set()
         while True:
             message = pubsub.get_message(timeout=1.0)
             if message is not None and message.get("type") == "message":
@@ -65,15 +66,37 @@ def _listen(broker_url: str) -> None:
         r.close()
 
 
+RETRY_S = 1.0  # between a broken subscription and the next attempt
+
+
+class OutageLog:
+    """One warning per outage, not one a second while Redis stays away (a broker being replaced,
+    a test's own server after its run); the retries of an outage already reported log at debug."""
+
+    def __init__(self) -> None:
+        self.reported = False
+
+    def failed(self, exc: BaseException, *, was_listening: bool) -> None:
+        """A subscription attempt ended with `exc`; `was_listening`: it had subscribed first."""
+        if was_listening:
+            self.reported = False  # a new outage
+        log.log(logging.DEBUG if self.reported else logging.WARNING,
+                "API key revocation listener: %s; keys are cached briefly until it reconnects "
+                "(retrying every %.0f s)", type(exc).__name__, RETRY_S)
+        self.reported = True
+
+
 def _run(broker_url: str) -> None:
     stop = threading.Event()  # never set: the listener lives as long as the process
+    subscribed = threading.Event()
+    outages = OutageLog()
     while True:
+        subscribed.clear()
         try:
-            _listen(broker_url)
+            _listen(broker_url, subscribed=subscribed)
         except Exception as exc:
-            log.warning("API key revocation listener: %s; keys are cached briefly until it reconnects",
-                        type(exc).__name__)
-        stop.wait(1.0)
+            outages.failed(exc, was_listening=subscribed.is_set())
+        stop.wait(RETRY_S)
 
 
 def start_listener(broker_url: str) -> bool:
