@@ -25,12 +25,11 @@ ab-demo: $(STAMP)
 	$(PY) -m yue2_jobs ab demo --out benchmarks/results
 
 # Everything but the server tests first, spread over the cores (one torch thread per process:
-# small models are bound by op dispatch, not FLOPs); then the server tests (API, workers as
-# subprocesses) in two processes: each has a Postgres database and a Redis server of its own, made
-# for it, so the two never see each other's queues; within one process they run one at a time.
+# small models are bound by op dispatch, not FLOPs); then, one at a time, the tests under
+# tests/pipeline, which share the run's Postgres database and Redis server (both made for the run).
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n auto -m "not servers" tests
-	$(PY) -m pytest -q -n 2 -m servers tests
+	$(PY) -m pytest -q -m servers tests
 
 # The unit tests: no servers, no subprocesses, no long model work (tests/conftest.py says which).
 test-fast: $(STAMP)

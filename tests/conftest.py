@@ -1,10 +1,9 @@
 """Two markers. `slow`: tests that need the servers (Postgres, Redis, moto), start processes
 (workers, the demo, docker compose, a wheel build, network namespaces) or run long model work
 (the folders in SLOW_DIRS, and the tests named in LONG_TESTS); `make test-fast` leaves them out.
-`servers`: the tests under tests/pipeline, which share their test process's Postgres database and
-Redis server (tests/pipeline/conftest.py) and so run one at a time within a process; `make test`
-runs everything else spread over the cores first (each keeps to a database, a Redis server and
-ports of its own), then these in two processes, each with its own database and Redis server.
+`servers`: the tests under tests/pipeline, which share the run's Postgres database and Redis server
+(tests/pipeline/conftest.py) and so run one at a time; `make test` runs everything else spread
+over the cores first (each keeps to a database, a Redis server and ports of its own), then these.
 No test writes to a database or Redis server the run did not create (tests/scratch_redis.py)."""
 
 from __future__ import annotations

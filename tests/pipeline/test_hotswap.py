@@ -69,11 +69,13 @@ def test_publish_under_load_swaps_the_worker_with_no_failed_or_lost_job(
     (name, before), = reported(sessions).items()
     assert before["checkpoint"].startswith("base@")
 
+    # Trained before the batch starts, so the swap lands while most of it is still to run (trained
+    # after its first jobs, on a loaded machine the batch could end before the swap).
+    retrained = retrained_drafter(tmp_path / "retrained-base")  # a new drafter: the same `ar` outputs
     write_batch(tmp_path / "a.jsonl", (eval_texts * 2)[:320], prefix="a")
     batch_a = submit(client, tmp_path / "a.jsonl")
     wait_for(lambda: client.batch(batch_a)["request_counts"]["completed"] >= 32, timeout=120, what="first jobs")
 
-    retrained = retrained_drafter(tmp_path / "retrained-base")  # a new drafter: the same `ar` outputs
     with sessions() as session:
         new = registry.publish(session, store=store, store_url=settings.resolved_checkpoint_store_url,
                                directory=retrained, variant="base")
