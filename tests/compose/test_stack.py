@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tests.pipeline.conftest import wait_for
 from tests.test_compose import compose_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,15 +49,6 @@ LONG_RUNNING = ("postgres", "redis", "minio", "api", "worker-base-cpu", "worker-
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("YUE2_TEST_COMPOSE") != "1",
                                  reason="make test-compose runs this (YUE2_TEST_COMPOSE=1): it needs a Docker engine")]
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-    return value
 
 
 class Stack:
@@ -116,7 +108,7 @@ def stack() -> Iterator[Stack]:
     try:
         s.timed("build_s", lambda: s.run("build"))
         s.timed("up_s", lambda: s.run("up", "-d"))
-        s.timed("healthy_s", lambda: wait_for(s.healthy, timeout=900, what=f"{LONG_RUNNING} healthy"))
+        s.timed("healthy_s", lambda: wait_for(s.healthy, timeout=900, what=f"{LONG_RUNNING} healthy", interval=1.0))
         yield s
     finally:
         logs = subprocess.run([*s.cmd, "logs", "--no-color", "--tail", "30"], capture_output=True, text=True,
@@ -130,7 +122,8 @@ def stack() -> Iterator[Stack]:
 
 
 def first_api_key(stack: Stack) -> str:
-    wait_for(lambda: stack.container("apikey")["State"]["Status"] == "exited", timeout=300, what="the apikey service")
+    wait_for(lambda: stack.container("apikey")["State"]["Status"] == "exited", timeout=300, what="the apikey service",
+             interval=1.0)
     assert stack.container("apikey")["State"]["ExitCode"] == 0, stack.run("logs", "--no-color", "apikey")
     found = re.findall(r"YUE2_API_KEY=(yk-\S+)", stack.run("logs", "--no-color", "apikey"))
     assert found, stack.run("logs", "--no-color", "apikey")
@@ -167,7 +160,7 @@ def test_a_100_line_batch_through_the_openai_client_with_the_first_key(stack: St
         b = client.batches.create(input_file_id=file_id, endpoint="/v1/summarize", completion_window="24h")
         return wait_for(lambda: (x := client.batches.retrieve(b.id)).status in ("completed", "failed", "cancelled",
                                                                                   "expired") and x,
-                        timeout=900, what=f"batch {b.id}")
+                        timeout=900, what=f"batch {b.id}", interval=1.0)
 
     batch = stack.timed("batch_s", run_batch)
     assert batch.status == "completed" and batch.request_counts is not None, batch
@@ -191,7 +184,7 @@ def test_prometheus_scrapes_every_target_and_the_api_with_this_runs_token(stack:
         return found if seen == EXPECTED_TARGETS and all(t["health"] == "up" for t in found) else None
 
     try:
-        found = wait_for(all_up, timeout=120, what="every Prometheus target up")
+        found = wait_for(all_up, timeout=120, what="every Prometheus target up", interval=1.0)
     except AssertionError:
         raise AssertionError(json.dumps([(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets()])) from None
     assert len(found) == len(EXPECTED_TARGETS)
