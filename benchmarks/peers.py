@@ -12,6 +12,10 @@ shipped checkpoints, float32 and int8, same tokens checked.
 2. The shipped checkpoints on their eval sets: the same engines with the checkpoint's repetition
    controls; tau (tokens per decoder step), exact match with our `ar` in the same dtype, ROUGE-L.
 
+Ours runs eagerly and, where this machine can build it, with the compiled CPU step
+(`decode/compiled.py`: rows "... compiled", their "step in ar steps" in compiled `ar` steps, "same
+as eager" their token agreement with the eager engine; the build time, cached after, is printed).
+
 Every repeat runs every engine once, in rotated order; medians are reported, and the ratios are the
 figures to read (the machines are noisy).
 
@@ -60,6 +64,7 @@ class Engine:
     nar: int = 0
     drafted: int = 0
     seconds: list[float] = field(default_factory=list)
+    compile: dict[str, Any] | None = None  # the compiled step's build (or load) time and row limit
 
 
 def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
@@ -153,6 +158,21 @@ def engines_for(model: Yue2ForConditionalGeneration, tokenizer: Any, workdir: Pa
         for mode in ("ar", "hybrid"):
             engines.append(ours(session, f"ours {mode} {dtype}", mode, max_new_tokens=max_new_tokens,
                                 min_accept_prob=min_accept_prob))
+    if "float32" in dtypes:  # the compiled CPU step (decode/compiled.py), where this machine can build it
+        session = DecodeSession(model, dtype="float32")
+        start = time.perf_counter()
+        built = session.compile_steps()
+        if built is not None:
+            seconds = time.perf_counter() - start
+            limits = {s.drafts: n for s, n in built.max_rows.items()}
+            print(f"compiled step: {seconds:.1f} s ({'built ' + str(len(built.built)) if built.built else 'cached'};"
+                  f" row limits {limits})")
+            for mode in ("ar", "hybrid"):
+                e = ours(session, f"ours {mode} float32 compiled", mode, max_new_tokens=max_new_tokens,
+                         min_accept_prob=min_accept_prob)
+                e.compile = {"seconds": seconds, "built": len(built.built), "max_rows": limits[
+                    "none" if mode == "ar" else "nar"]}
+                engines.append(e)
     if ct2.available():
         hf = bart_from_yue2(model).eval()
         forced = model.generation_config.forced_eos_token_id
@@ -172,13 +192,15 @@ def report(engines: list[Engine], *, batch: int, what: str, refs: list[str] | No
     for e in engines:
         tokens = sum(len(o) for o in e.outputs)
         sec = statistics.median(e.seconds)
-        ar = by.get(f"ours ar {e.dtype}")
+        ar = by.get(f"ours ar {e.dtype}" + (" compiled" if e.compile else ""))  # a step in its own kind's steps
         row: dict[str, Any] = {"what": what, "engine": e.name, "batch": batch, "dtype": e.dtype, "tokens": tokens,
                                "tok_s": tokens / sec, "ms_per_step": 1e3 * sec / e.steps,
                                "tau": tokens / e.row_steps if e.ours else None,
-                               "acceptance": e.nar / e.drafted if e.drafted else None}
+                               "acceptance": e.nar / e.drafted if e.drafted else None, "compile": e.compile}
         if ar is not None and e.ours:
-            row["same_as_ours_ar"] = agreement(e.outputs, ar.outputs)
+            row["same_as_ours_ar"] = agreement(e.outputs, ar.outputs)  # ar: the eager one for eager engines
+            if e.compile:
+                row["same_as_eager"] = agreement(e.outputs, by[e.name.removesuffix(" compiled")].outputs)
             row["step_in_ar_steps"] = row["ms_per_step"] / (1e3 * statistics.median(ar.seconds) / ar.steps)
         if not e.ours and ar is not None:
             row["same_as_ours_ar"] = agreement(e.outputs, ar.outputs)
@@ -204,7 +226,7 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             ("ms/step", "ms_per_step", "{:.2f}"), ("step in ar steps", "step_in_ar_steps", "{:.2f}"),
             ("tau", "tau", "{:.2f}"), ("acceptance", "acceptance", "{:.0%}"),
             ("vs CT2 fp32", "vs_ct2_float32", "{:.2f}x"), ("vs CT2 int8", "vs_ct2_int8", "{:.2f}x"),
-            ("same as our ar", "same_as_ours_ar", "{:.1%}"),
+            ("same as our ar", "same_as_ours_ar", "{:.1%}"), ("same as eager", "same_as_eager", "{:.1%}"),
             ("ROUGE-L", "rouge_l", "{:.2f}")]
     print("| " + " | ".join(c[0] for c in cols) + " |")
     print("|" + "|".join("---" for _ in cols) + "|")

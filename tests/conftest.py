@@ -8,9 +8,14 @@ No test writes to a database or Redis server the run did not create (tests/scrat
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# The compiled CPU step builds C++ at a worker's start (tens of seconds the first time, then cached):
+# workers and sessions the tests start decode eagerly, and tests/decode/test_compiled.py builds its own.
+os.environ.setdefault("YUE2_COMPILE", "0")
 
 # Every test there talks to a server or starts processes.
 SLOW_DIRS = ("pipeline", "benchmarks", "demo", "distributed", "conformance")

@@ -11,6 +11,7 @@ only the job that breaks decoding fails and its batch-mates succeed.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,11 @@ class ModelRunner:
             captured = self.session.capture_graphs(max_rows=settings.engine_max_rows)
             self.graph_count = sum(g.count for g in captured)
             self.graph_capture_s = sum(g.capture_s for g in captured)
+        self.compile_s: float | None = None  # seconds the compiled CPU step took to build or load; None: eager
+        if self.session.device.type == "cpu" and settings.compile:  # at start, as the graphs are
+            start = time.perf_counter()
+            if self.session.compile_steps() is not None:
+                self.compile_s = time.perf_counter() - start
 
     def continuous_ok(self, job: JobInput) -> bool:
         """Whether this job goes to the engine: this worker runs one, the job's decoding parameters

@@ -114,6 +114,9 @@ class Settings(BaseSettings):
                             "(CPU only) decodes with int8 matrices: 1.4-1.7x float32 at BART-base size, no faster on "
                             "the tiny shipped checkpoints, ROUGE-L -0.33 on their eval sets.")
     cuda_graphs: bool = Field(True, description="Capture the decode step in CUDA graphs at worker start (CUDA).")
+    compile: bool = Field(True, description="Compile the CPU decode step ahead of time at worker start (CPU, "
+                          "float32; needs a C++ compiler the first time, then cached per checkpoint version under "
+                          "YUE2_COMPILE_CACHE); 0 decodes with the eager step.")
     batching: Literal["continuous", "static"] = Field(
         "continuous", description="`continuous`: greedy ar/hybrid jobs share decoder steps and refill finished "
         "rows at once; `static`: every micro-batch decodes to its longest row (the old path)."

@@ -216,7 +216,7 @@ class ContinuousBatcher(Generic[K]):
         for i, r in enumerate(take):
             ids[i, : len(r.input_ids)] = torch.tensor(r.input_ids, dtype=torch.long)
             mask[i, : len(r.input_ids)] = True
-        enc = self.model.encode(ids, mask, layout=self.steps.layout())
+        enc = self.steps.prefill(ids, mask)
         new_mask = torch.zeros(mask.shape, dtype=enc.hidden.dtype, device=self.device)
         new_mask = new_mask.masked_fill(~mask, float("-inf"))[:, None, None, :]  # (N, 1, 1, S)
         ws = self.ws
@@ -250,7 +250,7 @@ class ContinuousBatcher(Generic[K]):
                              ban_eos=any(s.request.min_new_tokens > 0 for s in live))
         layout = self.steps.layout()
         # A replayed graph has a fixed width; without one, slots no draft fills would only cost.
-        if self.steps.captured(shape) is None and layout.narrow_pays:
+        if not self.steps.covers(shape, rows=len(ws.slots)) and layout.narrow_pays:
             shape = shape.narrowed(ws.max_drafts)
         self.steps.run(ws.st, ws.encoder_state(), ws.caches, layout=layout, shape=shape,
                        span=min(self.t_cache, ws.reach + shape.width))

@@ -30,7 +30,6 @@ from typing import Literal
 import torch
 from transformers import GenerationConfig
 
-from yue2_jobs.decode.layout import StepLayout
 from yue2_jobs.decode.rows import Rows
 from yue2_jobs.decode.sampling import (
     SamplingParams,
@@ -40,7 +39,12 @@ from yue2_jobs.decode.sampling import (
     processed_probs,
     repetition_controls,
 )
-from yue2_jobs.model.modeling_yue2 import Yue2EncoderState, Yue2ForConditionalGeneration, Yue2KVCache
+from yue2_jobs.model.modeling_yue2 import (
+    Yue2EncoderState,
+    Yue2ForConditionalGeneration,
+    Yue2KVCache,
+    Yue2StepWeights,
+)
 
 DraftSource = Literal["none", "nar", "host"]
 NEVER_TRUST = 2.0  # a `trust_p` above any confidence: every draft is verified
@@ -84,7 +88,7 @@ class StepShape:
 
 
 def engine_step(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *,
-                layout: StepLayout, shape: StepShape, span: int, generator: torch.Generator | None = None,
+                layout: Yue2StepWeights, shape: StepShape, span: int, generator: torch.Generator | None = None,
                 draft_q: list[torch.Tensor | None] | None = None) -> None:
     """One decoder step over every row of `rows` (updated in place); see the module docstring.
 
@@ -143,14 +147,20 @@ def _context(rows: Rows, w: int) -> torch.Tensor:
     return rows.buf.scatter(1, at, rows.drafts)
 
 
-@functools.cache
 def _arange(n: int, device: torch.device) -> torch.Tensor:
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return torch.arange(n, device=device)  # traced: a cached tensor would keep the tracer's fake one
+    return _cached_arange(n, device)
+
+
+@functools.cache
+def _cached_arange(n: int, device: torch.device) -> torch.Tensor:
     with torch.inference_mode():
         return torch.arange(n, device=device)
 
 
 def _feed(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], *,
-          layout: StepLayout, shape: StepShape, span: int,
+          layout: Yue2StepWeights, shape: StepShape, span: int,
           slot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Run the AR branch over each row's uncached committed tokens, then its drafts. Returns the
     hidden states (A, W, C) that predict drafts 0.. and then the bonus token, and how many
@@ -237,7 +247,7 @@ def _accept_sampled(model: Yue2ForConditionalGeneration, rows: Rows, logits: tor
     return n_acc, new
 
 
-def _next_drafts(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, *, layout: StepLayout,
+def _next_drafts(model: Yue2ForConditionalGeneration, rows: Rows, enc: Yue2EncoderState, *, layout: Yue2StepWeights,
                  shape: StepShape, h_src: torch.Tensor, bonus: torch.Tensor, committed: torch.Tensor,
                  finished: torch.Tensor, generator: torch.Generator | None,
                  draft_q: list[torch.Tensor | None] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

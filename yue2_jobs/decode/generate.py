@@ -40,9 +40,8 @@ class Yue2GenerateOutput:
 
 
 def prefill(steps: Steps, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> Yue2EncoderState:
-    """Run the encoder once and precompute every layer's cross-attention K/V, through the
-    session's weights (the same kernels, and in int8 the same int8 matrices, as the steps)."""
-    return steps.model.encode(input_ids, attention_mask, layout=steps.layout())
+    """Run the encoder once and precompute every layer's cross-attention K/V (`Steps.prefill`)."""
+    return steps.prefill(input_ids, attention_mask)
 
 
 @torch.inference_mode()

@@ -46,10 +46,12 @@ class DenseMatrix:
     M); a smaller one, where a oneDNN call's overhead dominates, goes through MKL (one row reads
     an (in, out) copy where `io_copy` asks for one: the vocabulary projections)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool, many_rows: bool = False) -> None:
         self.weight, self.bias = weight, bias  # (out, in), (out,)
         self.cpu = weight.device.type == "cpu"
-        self.packed = _onednn_pack(weight) if self.cpu and weight.numel() >= ONEDNN_MIN_NUMEL else None
+        big = weight.numel() >= ONEDNN_MIN_NUMEL
+        self.packed = _onednn_pack(weight, rows=PREFILL_ROWS if many_rows else 8) if self.cpu and (big or many_rows) \
+            else None
         self.io = weight.t().contiguous() if io_copy and self.cpu and self.packed is None else None  # (in, out)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,14 +66,19 @@ class DenseMatrix:
 
 
 ONEDNN_MIN_NUMEL = 256 * 1024  # measured: 192 x 640 is faster through MKL, 192 x 4096 through oneDNN
+# The prefill's matrices multiply every source token of a batch (M = B x S, hundreds to thousands
+# of rows), where oneDNN's packed product is compute-bound at 440-500 GFLOP/s on the 2-core AMD
+# CPU and MKL's at 200-220 at every size (192 x 576 at M = 2,048: 1.02 ms against 2.06), so they
+# are packed whatever their size; tuned for this many rows.
+PREFILL_ROWS = 2048
 
 
-def _onednn_pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """`weight` (out, in) packed for oneDNN's fp32 linear (tuned for up to 8 rows), or None where
+def _onednn_pack(weight: torch.Tensor, *, rows: int = 8) -> torch.Tensor | None:
+    """`weight` (out, in) packed for oneDNN's fp32 linear (tuned for `rows` rows), or None where
     this torch has no oneDNN."""
     if weight.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
 
 
 class Int8Matrix:
@@ -167,21 +174,24 @@ class StepLayout:
             raise ValueError("int8 weights run on the CPU (torch._int_mm); on CUDA use bfloat16")
         self.key, self.weights = weights_key(model), weights
 
-        def matrix(weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool = False) -> Matrix:
+        def matrix(weight: torch.Tensor, bias: torch.Tensor, *, io_copy: bool = False,
+                   many_rows: bool = False) -> Matrix:
             if weights == "int8":
                 return Int8Matrix(weight, bias)
-            return DenseMatrix(weight.detach(), bias.detach(), io_copy=io_copy)
+            return DenseMatrix(weight.detach(), bias.detach(), io_copy=io_copy, many_rows=many_rows)
 
         self.matrices: dict[nn.Linear, Matrix] = {}
-        linears: list[nn.Linear] = []
-        for enc in model.enc_layers():  # the prefill's: once per input
-            linears += [enc.self_attn.qkv_proj, enc.self_attn.out_proj, enc.ffn.fc1, enc.ffn.fc2]
+        prefill: list[nn.Linear] = []  # multiplied once per input, by every source token
+        for enc in model.enc_layers():
+            prefill += [enc.self_attn.qkv_proj, enc.self_attn.out_proj, enc.ffn.fc1, enc.ffn.fc2]
         layers: list[Yue2DecoderLayer | Yue2NarLayer] = [*model.ar_layers(), *model.nar_blocks()]
-        for layer in layers:
-            linears += [layer.encoder_attn.kv_proj,  # the prefill's cross-attention K/V
-                        layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
-                        layer.encoder_attn.out_proj, layer.ffn.fc1, layer.ffn.fc2]
-        for lin in linears:
+        prefill += [layer.encoder_attn.kv_proj for layer in layers]  # the cross-attention K/V
+        steps = [m for layer in layers for m in (layer.self_attn.qkv_proj, layer.self_attn.out_proj,
+                                                   layer.encoder_attn.q_proj, layer.encoder_attn.out_proj,
+                                                   layer.ffn.fc1, layer.ffn.fc2)]
+        for lin in prefill:
+            self.matrices[lin] = matrix(lin.weight, lin.bias, many_rows=True)
+        for lin in steps:
             self.matrices[lin] = matrix(lin.weight, lin.bias)
         # Whether a step should feed only the slots its drafts fill (`StepShape.narrowed`): where
         # every row fed costs work. It does through MKL's small-M product (base's 192 x 576 at 5

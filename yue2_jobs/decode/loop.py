@@ -106,8 +106,10 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
     every = 1 if policy.host_drafter is not None else (sync_every or default_sync_every(dev))
     # Read every step, no graph to replay, and rows that cost: feed only the slots drafts fill.
     narrow = every == 1 and steps.captured(shape) is None and layout.narrow_pays
-    step_shape = shape.narrowed(0) if narrow else shape  # no row holds drafts yet
+    most = 0  # no row holds drafts yet
     while True:
+        # A compiled step has a fixed width too, where it runs (sets of up to its row limit).
+        step_shape = shape.narrowed(most) if narrow and not steps.covers(shape, rows=len(ids)) else shape
         for _ in range(every):
             steps.run(rows, enc, caches, layout=layout, shape=step_shape,
                       span=min(cache_len, reach + step_shape.width), generator=generator, draft_q=draft_q)
@@ -115,8 +117,6 @@ def decode_batch(steps: Steps, *, enc: Yue2EncoderState, batch_size: int,
         if policy.host_drafter is not None:
             _lookup_drafts(policy.host_drafter, ids, rows, total)
         n_live, reach, most = torch.stack([(~rows.finished).sum(), rows.cached.max(), rows.n_drafts.max()]).tolist()
-        if narrow:
-            step_shape = shape.narrowed(most)
         if n_live and n_live * 4 > 3 * len(ids):
             continue
         done = rows.finished.nonzero().squeeze(1)

@@ -93,18 +93,26 @@ def repetition_controls(logits: torch.Tensor, seq: torch.Tensor, length: torch.T
                         params: SamplingParams) -> torch.Tensor:
     """`params`' repetition controls applied to logits (A, W, V), where slot (a, w) predicts the
     token that follows seq[a, :length[a, w]]: seq (A, T) holds every slot's context as a prefix
-    (the committed tokens, then the drafts being verified). Static shapes, no host sync."""
+    (the committed tokens, then the drafts being verified). Static shapes, no host sync.
+
+    Both controls write at the context's token ids (gather, then scatter: A x W x T elements)
+    rather than building an (A, W, V) mask of seen or banned ids, which cost 2-5x as much eager
+    and far more compiled. A write that misses (a position outside the context) lands in a spare
+    column V; the same id written twice gets the same value, so the order of writes is moot."""
     a, w, v = logits.shape
     t = seq.shape[1]
-    pos = torch.arange(t, device=seq.device)
-    in_context = pos < length[:, :, None]  # (A, W, T)
-    if params.repetition_penalty != 1.0:
-        idx = torch.where(in_context, seq[:, None, :], v)  # (A, W, T): column V collects the rest
-        seen = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
-        penalised = torch.where(logits < 0, logits * params.repetition_penalty, logits / params.repetition_penalty)
-        logits = torch.where(seen, penalised, logits)
     n = params.no_repeat_ngram_size
-    if n > 0 and t >= n:
+    ngrams = n > 0 and t >= n
+    if params.repetition_penalty == 1.0 and not ngrams:
+        return logits
+    pos = torch.arange(t, device=seq.device)
+    ext = torch.cat([logits, logits.new_zeros(a, w, 1)], 2)  # (A, W, V + 1)
+    if params.repetition_penalty != 1.0:
+        idx = torch.where(pos < length[:, :, None], seq[:, None, :], v)  # (A, W, T)
+        seen = ext.gather(2, idx)
+        penalty = params.repetition_penalty
+        ext = ext.scatter(2, idx, torch.where(seen < 0, seen * penalty, seen / penalty))
+    if ngrams:
         # n-gram i is seq[i : i + n]; it bans seq[i + n - 1] where seq[i : i + n - 1] equals the
         # context's last n - 1 tokens and the whole n-gram lies inside the context.
         starts = pos[: t - n + 1]  # (G,)
@@ -114,10 +122,8 @@ def repetition_controls(logits: torch.Tensor, seq: torch.Tensor, length: torch.T
             tail_at = (length - n + 1).clamp(min=0)  # (A, W): where the context's last n - 1 tokens start
             tail = seq.unfold(1, n - 1, 1).gather(1, tail_at[:, :, None].expand(-1, -1, n - 1))  # (A, W, n - 1)
             ok &= (grams[:, None] == tail[:, :, None]).all(-1)
-        idx = torch.where(ok, seq[:, None, n - 1 :], v)  # (A, W, G)
-        banned = torch.zeros(a, w, v + 1, dtype=torch.bool, device=seq.device).scatter_(2, idx, True)[..., :v]
-        logits = logits.masked_fill(banned, float("-inf"))
-    return logits
+        ext = ext.scatter(2, torch.where(ok, seq[:, None, n - 1 :], v), float("-inf"))  # (A, W, G) ids
+    return ext[..., :v]
 
 
 def processed_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

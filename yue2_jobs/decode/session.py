@@ -2,7 +2,7 @@
 
 Like CTranslate2's `Translator(path, device)`, a session owns everything a decode needs besides
 the weights: the device and dtype it moved the model to, the decode-step weight layout and any
-captured CUDA graphs (`Steps`), the `auto` mode chooser (what it measured on this device), and the
+captured CUDA graphs or compiled CPU step (`Steps`), the `auto` mode chooser (what it measured on this device), and the
 continuous-batching engines it built. Nothing is stored on the `nn.Module`, so two sessions over
 one model do not share state by accident, and a hot swap is a new session.
 
@@ -22,6 +22,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from yue2_jobs.decode.auto_mode import ModeChooser
+from yue2_jobs.decode.compiled import CompiledSteps
 from yue2_jobs.decode.continuous import ContinuousBatcher
 from yue2_jobs.decode.generate import DEFAULT_NAR_ITERATIONS, Yue2GenerateOutput, generate
 from yue2_jobs.decode.graphs import StepGraphs
@@ -135,6 +136,14 @@ class DecodeSession:
         self._check_placement()
         return ContinuousBatcher(self.steps, self.chooser, max_rows=max_rows, max_tokens=max_tokens, policy=policy,
                                  min_accept_prob=min_accept_prob)
+
+    def compile_steps(self) -> CompiledSteps | None:
+        """Compile the CPU step and prefill ahead of time (`Steps.compile`): built once per
+        checkpoint version and cached on disk, used by `generate` and the engines from then on.
+        None, with a log line saying why, where it is not available (`YUE2_COMPILE=0`, not the
+        CPU, not float32, no C++ compiler, a build that failed): decoding stays eager."""
+        self._check_placement()
+        return self.steps.compile()
 
     def capture_graphs(self, *, max_rows: int, use_graphs: bool | None = None,
                        min_lengths: tuple[bool, ...] = (False,)) -> list[StepGraphs]:

@@ -79,10 +79,14 @@ class Yue2KVCache:
         return self.k.narrow(2, 0, start + t), self.v.narrow(2, 0, start + t)
 
     def scatter(self, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, span: int) -> tuple[torch.Tensor, ...]:
-        """Write k, v (B, H, W, D) at per-row positions (B, W); return the first `span` positions."""
-        idx = positions[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[3])  # (B, H, W, D)
-        self.k.scatter_(2, idx, k)
-        self.v.scatter_(2, idx, v)
+        """Write k, v (B, H, W, D) at per-row positions (B, W); return the first `span` positions.
+
+        An indexed write rather than `scatter_`: a compiled step (`decode/compiled.py`) turns a
+        scatter into a graph input into a copy of the whole cache, an index_put into a write in
+        place."""
+        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]  # (B, 1)
+        self.k[rows, :, positions] = k.transpose(1, 2)  # (B, W, H, D) at [row, :, position]
+        self.v[rows, :, positions] = v.transpose(1, 2)
         return self.k.narrow(2, 0, span), self.v.narrow(2, 0, span)
 
     def select(self, rows: torch.Tensor) -> None:
