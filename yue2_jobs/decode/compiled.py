@@ -125,7 +125,8 @@ class _StepModule(nn.Module):
         r = Rows(**dict(zip(_ROW_NAMES, rows, strict=True)))
         kv = [_cache_of(k, v) for k, v in caches]
         enc = Yue2EncoderState(hidden=mask, mask=mask, cross_kv=list(cross), nar_cross_kv=list(nar_cross))
-        draft = None if self.model.draft_vocab is None else (self.draft_weight, self.draft_bias)
+        draft = None if self.model.draft_vocab is None else (self.get_buffer("draft_weight"),
+                                                              self.get_buffer("draft_bias"))
         engine_step(self.model, r, enc, kv, layout=_PlainWeights(self.model, draft), shape=self.shape,
                     span=span_like.shape[0])
         return r.committed.clone()  # an output, so the graph has one; the state is written in place
@@ -211,7 +212,8 @@ def _shape_name(shape: StepShape) -> str:
 
 
 def _key_base(model: Yue2ForConditionalGeneration) -> dict[str, Any]:
-    """What a package depends on besides its shape: torch, the CPU, the config, the weights."""
+    """What a package depends on besides its shape: torch, the CPU, how inductor builds, the
+    config, the weights."""
     digest = hashlib.sha256()
     state = model.state_dict()
     for name in sorted(state):
@@ -220,7 +222,7 @@ def _key_base(model: Yue2ForConditionalGeneration) -> dict[str, Any]:
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     if model.draft_vocab is not None:
         digest.update(model.draft_vocab.numpy().tobytes())
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(),
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "inductor": INDUCTOR_CONFIGS,
             "config": model.config.to_json_string(use_diff=False), "weights": digest.hexdigest(),
             "generation": model.generation_config.to_json_string(use_diff=False)}
 

@@ -224,17 +224,26 @@ class Yue2EncoderLayer(nn.Module):
         x = self.self_attn_layer_norm(x + _drop(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
         return self.final_layer_norm(x + _drop(self.ffn(x), self.dropout, self.training))
 
-    def infer(self, x: torch.Tensor, mask: torch.Tensor | None, *, layout: Yue2StepWeights) -> torch.Tensor:
-        """`forward` at inference through the decode session's weights: x (B, S, C) -> (B, S, C)."""
-        b, s, c = x.shape
+    def infer(self, x: torch.Tensor, mask: torch.Tensor | None, *, layout: Yue2StepWeights,
+              tokens: torch.Tensor | None = None, batch: tuple[int, int] | None = None) -> torch.Tensor:
+        """`forward` at inference through the decode session's weights: x (B*S, C) -> (B*S, C),
+        or packed: x (N, C) holds only the real tokens, at flat positions `tokens` (N,) of the
+        (B, S) = `batch` grid. Every product, norm and activation then runs on real tokens only
+        (a padded batch of summaries is mostly padding); attention alone sees the grid, its
+        padding masked. A row's result is the same either way."""
+        c = x.shape[1]
+        b, s = batch if batch is not None else (1, x.shape[0])
         attn, ln1, ln2, ffn = self.self_attn, self.self_attn_layer_norm, self.final_layer_norm, self.ffn
-        x2 = x.reshape(b * s, c)
-        qkv = layout.linear(x2, attn.qkv_proj).reshape(b, s, 3, attn.num_heads, -1)  # (B, S, 3, H, D)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, D) each
+        qkv = layout.linear(x, attn.qkv_proj)  # (N, 3C)
+        if tokens is not None:
+            qkv = qkv.new_zeros(b * s, 3 * c).index_copy_(0, tokens, qkv)  # (B*S, 3C): zeros where padding
+        q, k, v = qkv.view(b, s, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, D) each
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b * s, c)
-        x2 = F.layer_norm(x2 + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
-        h = ffn.act(layout.linear(x2, ffn.fc1))  # (B*S, F)
-        return F.layer_norm(x2 + layout.linear(h, ffn.fc2), (c,), ln2.weight, ln2.bias, ln2.eps).view(b, s, c)
+        if tokens is not None:
+            y = y.index_select(0, tokens)  # (N, C)
+        x = F.layer_norm(x + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
+        h = ffn.act(layout.linear(x, ffn.fc1))  # (N, F)
+        return F.layer_norm(x + layout.linear(h, ffn.fc2), (c,), ln2.weight, ln2.bias, ln2.eps)
 
 
 class Yue2DecoderLayer(nn.Module):
@@ -486,15 +495,37 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
             mask = torch.zeros(keep.shape, dtype=self.shared.weight.dtype, device=keep.device)
             mask = mask.masked_fill(~keep, float("-inf"))[:, None, None, :]  # (B, 1, 1, S)
         pos = self.encoder_embed_positions.weight[POSITION_OFFSET : s + POSITION_OFFSET]  # (S, C)
-        x = self._embed_tokens(input_ids) + pos  # (B, S, C)
-        x = _drop(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
-        for layer in self.enc_layers():
-            x = layer(x, mask) if layout is None else layer.infer(x, mask, layout=layout)
+        if layout is not None:
+            x = self._encode_inference(input_ids, keep, mask, layout=layout)
+        else:
+            x = self._embed_tokens(input_ids) + pos  # (B, S, C)
+            x = _drop(self.encoder_layernorm_embedding(x), self.config.dropout, self.training)
+            for layer in self.enc_layers():
+                x = layer(x, mask)
         return Yue2EncoderState(
             hidden=x, mask=mask,
             cross_kv=[layer.encoder_attn.project_kv(x, layout=layout) for layer in self.ar_layers()],
             nar_cross_kv=[layer.encoder_attn.project_kv(x, layout=layout) for layer in self.nar_blocks()],
         )
+
+    def _encode_inference(self, input_ids: torch.Tensor, keep: torch.Tensor, mask: torch.Tensor | None, *,
+                          layout: Yue2StepWeights) -> torch.Tensor:
+        """The encoder's layers through `layout` (B, S) -> (B, S, C); with padding, on the real
+        tokens only (`Yue2EncoderLayer.infer`), their hidden states put back with zeros where
+        padding (masked wherever the state is read)."""
+        b, s = input_ids.shape
+        c = self.config.d_model
+        ln = self.encoder_layernorm_embedding
+        tokens = None if mask is None else keep.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions
+        flat = input_ids.reshape(-1) if tokens is None else input_ids.reshape(-1).index_select(0, tokens)
+        at = torch.arange(b * s, device=input_ids.device) if tokens is None else tokens
+        x = self._embed_tokens(flat) + self.encoder_embed_positions.weight[at % s + POSITION_OFFSET]  # (N, C)
+        x = F.layer_norm(x, (c,), ln.weight, ln.bias, ln.eps)
+        for layer in self.enc_layers():
+            x = layer.infer(x, mask, layout=layout, tokens=tokens, batch=(b, s))
+        if tokens is not None:
+            x = x.new_zeros(b * s, c).index_copy_(0, tokens, x)
+        return x.view(b, s, c)
 
     # ---- AR branch -------------------------------------------------------------------------
 
