@@ -255,11 +255,16 @@ def _stop(runtime: WorkerRuntime, *, sessions: sessionmaker[Session], node: str,
 
 
 def _announce(ctx: WorkerContext) -> None:
-    """The ready log line (with the CUDA graph capture) and the metrics endpoint."""
+    """The ready log line (with the CUDA graph capture or the compiled CPU step) and the metrics endpoint."""
     runner, settings = ctx.runner, ctx.settings
-    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s, %d CUDA graphs captured in %.1fs)", ctx.name,
-             runner.checkpoint, queue_for(runner.variant), settings.batching, sorted(os.sched_getaffinity(0)),
-             getattr(runner, "graph_count", 0), getattr(runner, "graph_capture_s", 0.0))
+    compile_s = getattr(runner, "compile_s", None)
+    device = getattr(getattr(runner, "session", None), "device", None)
+    step = f", compiled CPU step ready in {compile_s:.1f}s" if compile_s is not None else (
+        ", eager CPU step" if getattr(device, "type", None) == "cpu" else "")
+    log.info("worker %s serving %s on queue %s (%s batching, CPUs %s, %d CUDA graphs captured in %.1fs%s)",
+             ctx.name, runner.checkpoint, queue_for(runner.variant), settings.batching,
+             sorted(os.sched_getaffinity(0)), getattr(runner, "graph_count", 0),
+             getattr(runner, "graph_capture_s", 0.0), step)
     ctx.metrics.checkpoint_event("load", runner.checkpoint)
     ctx.metrics.runner_loaded(runner)
     if settings.metrics_port:
