@@ -10,7 +10,7 @@ the weights into each package (packs every matrix, fuses the elementwise work, c
 function), so a step is one call. It pays where dispatch dominates, at few rows: at many rows its
 generated kernels cost more per row than the eager ones, so `build` times both on this machine and
 the package runs working sets up to the largest row count where it was faster (`max_rows`, kept
-beside the packages). The prefill stays eager: its products have hundreds of rows, where the
+beside the packages, per thread count). The prefill stays eager: its products have hundreds of rows, where the
 eager oneDNN matrices (`layout.py`) measured faster than inductor's compiled prefill (shipped
 base, 48 eval texts at batch 32: 0.11 s against 0.16).
 
@@ -162,8 +162,9 @@ class CompiledSteps:
             key = hashlib.sha256(json.dumps({**base, "shape": _shape_name(shape)}, sort_keys=True).encode())
             path = directory / f"step-{_shape_name(shape)}-{key.hexdigest()[:24]}.pt2"
             out.steps[shape] = out._package(path, lambda s=shape: _export_step(model, s))
-            out.max_rows[shape] = _calibrated(path.with_suffix(".rows.json"), model, shape, out.steps[shape]) \
-                if calibrate else _LONG
+            # Where the package pays depends on the threads it gets as well (a worker may have 1).
+            limits = path.with_suffix(f".rows-{torch.get_num_threads()}threads.json")
+            out.max_rows[shape] = _calibrated(limits, model, shape, out.steps[shape]) if calibrate else _LONG
         return out
 
     def _package(self, path: Path, export: Any) -> Any:

@@ -224,23 +224,26 @@ class Yue2EncoderLayer(nn.Module):
         x = self.self_attn_layer_norm(x + _drop(self.self_attn(x, attn_mask=mask), self.dropout, self.training))
         return self.final_layer_norm(x + _drop(self.ffn(x), self.dropout, self.training))
 
-    def infer(self, x: torch.Tensor, mask: torch.Tensor | None, *, layout: Yue2StepWeights,
-              tokens: torch.Tensor | None = None, batch: tuple[int, int] | None = None) -> torch.Tensor:
-        """`forward` at inference through the decode session's weights: x (B*S, C) -> (B*S, C),
-        or packed: x (N, C) holds only the real tokens, at flat positions `tokens` (N,) of the
-        (B, S) = `batch` grid. Every product, norm and activation then runs on real tokens only
-        (a padded batch of summaries is mostly padding); attention alone sees the grid, its
-        padding masked. A row's result is the same either way."""
+    def infer(self, x: torch.Tensor, mask: torch.Tensor | None, *, layout: Yue2StepWeights, batch: tuple[int, int],
+              lengths: list[int] | None = None) -> torch.Tensor:
+        """`forward` at inference through the decode session's weights: x (B*S, C) -> (B*S, C)
+        for the (B, S) = `batch` grid; or packed: x (N, C) holds only the real tokens, row after
+        row, `lengths` of them per row. Packed, every product, norm and activation runs on real
+        tokens only and each row attends over its own tokens (a padded batch of summaries is
+        mostly padding, and attention costs the square of its length); a row's result is the
+        same either way (masked keys add exact zeros)."""
         c = x.shape[1]
-        b, s = batch if batch is not None else (1, x.shape[0])
         attn, ln1, ln2, ffn = self.self_attn, self.self_attn_layer_norm, self.final_layer_norm, self.ffn
         qkv = layout.linear(x, attn.qkv_proj)  # (N, 3C)
-        if tokens is not None:
-            qkv = qkv.new_zeros(b * s, 3 * c).index_copy_(0, tokens, qkv)  # (B*S, 3C): zeros where padding
-        q, k, v = qkv.view(b, s, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, D) each
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b * s, c)
-        if tokens is not None:
-            y = y.index_select(0, tokens)  # (N, C)
+        if lengths is None:
+            b, s = batch
+            q, k, v = qkv.view(b, s, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)  # (B, H, S, D) each
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b * s, c)
+        else:
+            y = torch.empty_like(x)  # (N, C)
+            for row, n in zip(qkv.split(lengths), y.split(lengths), strict=True):
+                q, k, v = row.view(1, -1, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
+                n.copy_(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, c))
         x = F.layer_norm(x + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
         h = ffn.act(layout.linear(x, ffn.fc1))  # (N, F)
         return F.layer_norm(x + layout.linear(h, ffn.fc2), (c,), ln2.weight, ln2.bias, ln2.eps)
@@ -521,8 +524,9 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         at = torch.arange(b * s, device=input_ids.device) if tokens is None else tokens
         x = self._embed_tokens(flat) + self.encoder_embed_positions.weight[at % s + POSITION_OFFSET]  # (N, C)
         x = F.layer_norm(x, (c,), ln.weight, ln.bias, ln.eps)
+        lengths = None if tokens is None else keep.sum(1).tolist()
         for layer in self.enc_layers():
-            x = layer.infer(x, mask, layout=layout, tokens=tokens, batch=(b, s))
+            x = layer.infer(x, mask, layout=layout, batch=(b, s), lengths=lengths)
         if tokens is not None:
             x = x.new_zeros(b * s, c).index_copy_(0, tokens, x)
         return x.view(b, s, c)
