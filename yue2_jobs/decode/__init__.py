@@ -1,12 +1,14 @@
 """Serving YuE2: a `DecodeSession` owns a loaded model and everything a decode needs besides
-(device, dtype, step layout, CUDA graphs, the `auto` chooser, continuous-batching engines).
+(device, dtype, step layout, CUDA graphs or the compiled CPU step, the `auto` chooser,
+continuous-batching engines).
 
     params.py       DecodingParams, the modes and every decoding default (no torch)
-    session.py      DecodeSession: generate, summarize, engine, capture_graphs
+    session.py      DecodeSession: generate, summarize, engine, capture_graphs, compile_steps
     generate.py     one batch to the end (prefill, then loop.py's decode loop, or nar.py)
     continuous.py   the continuous-batching engine (working_set.py holds its rows)
     engine.py       the one engine step every mode but `nar` runs; rows.py its per-row state
-    steps.py        how a step runs: layout.py's weight layout, graphs.py's CUDA graphs
+    steps.py        how a step runs: layout.py's weight layout, graphs.py's CUDA graphs,
+                    compiled.py's CPU step compiled ahead of time
     sampling.py     how a token is chosen; auto_mode.py how `auto` picks; stats.py what it cost
 
 Importing this package is light: `yue2_jobs.decode.params` needs no torch, so the API and the CLI
