@@ -51,6 +51,7 @@ def test_an_installed_package_migrates_and_runs_the_demo(installed: Path, tmp_pa
     python = str(installed / "bin" / "python")
     env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_") and k != "PYTHONPATH"}
     env["YUE2_HOME"] = str(tmp_path / "home")
+    env["YUE2_COMPILE"] = "0"  # no C++ build at the workers' start (tests/decode/test_compiled.py covers it)
     where = _run([python, "-c", "import yue2_jobs, workers; print(yue2_jobs.__file__); print(workers.__file__)"],
                  cwd=tmp_path, env=env).stdout.split()
     assert all(str(installed) in w for w in where), where  # the installed copy, not the checkout

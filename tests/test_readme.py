@@ -107,6 +107,7 @@ def _run_the_readme(tmp_path: Path, redis_server: ScratchRedis) -> None:
     env.update(YUE2_DATABASE_URL=PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{database}",
                YUE2_BROKER_URL=redis_server.url(0), YUE2_STACK_S3_PORT=str(free_port()),
                YUE2_API_PORT=str(api_port), DEMO_ITEMS="8",  # the port alone moves the CLI too
+               YUE2_COMPILE="0",  # no C++ build at the workers' start (tests/decode/test_compiled.py covers it)
                TMPDIR=str(tmp_path),  # the README's `mktemp -d` lands here
                BART_DIR=str(_bart_dir(tmp_path / "bart")), MY_TEXTS=str(ROOT / "data" / "general" / "eval.jsonl.gz"))
     log = tmp_path / "readme.log"

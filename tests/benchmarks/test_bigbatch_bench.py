@@ -25,7 +25,8 @@ def test_bigbatch_benchmark_runs_a_small_file_through(tmp_path: Path) -> None:
     except Exception as exc:  # ScratchRedisError among them
         service_unavailable("Postgres on 127.0.0.1 or a Redis server of the test's own", exc)
     out = tmp_path / "bigbatch.json"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}, "TMPDIR": str(tmp_path)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}, "TMPDIR": str(tmp_path),
+           "YUE2_COMPILE": "0"}  # no C++ build at the worker's start (tests/decode/test_compiled.py covers it)
     try:
         proc = subprocess.run(
             [sys.executable, str(ROOT / "benchmarks" / "bigbatch.py"), "--lines", "300", "--mb", "1.2", "--pg",

@@ -118,6 +118,22 @@ def test_the_off_switch_and_a_missing_compiler_say_why_and_decode_eagerly(tiny_y
     assert session.generate(ids, mask, mode="ar", max_new_tokens=4).sequences.shape[0] == 2
 
 
+def test_a_failed_build_says_so_once_and_decodes_eagerly(tiny_yue2, monkeypatch, caplog):
+    monkeypatch.setenv("YUE2_COMPILE", "1")
+    session = DecodeSession(tiny_yue2)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("C++ compile failed\nsecond line")
+
+    monkeypatch.setattr(CompiledSteps, "build", broken)
+    with caplog.at_level(logging.WARNING, logger="yue2_jobs.decode.steps"):
+        assert session.compile_steps() is None
+    assert caplog.text.count("compiled CPU step not available") == 1
+    assert "building it failed: RuntimeError: C++ compile failed" in caplog.text and "second line" not in caplog.text
+    ids, mask = random_inputs(2, tiny_yue2.config.vocab_size, seed=1)
+    assert session.generate(ids, mask, mode="hybrid", max_new_tokens=4).sequences.shape[0] == 2
+
+
 def test_int8_and_other_dtypes_are_not_compiled(tiny_yue2, monkeypatch):
     monkeypatch.setenv("YUE2_COMPILE", "1")  # the tests' default is off (tests/conftest.py)
     assert "int8" in (compiled.unavailable_reason(tiny_yue2, weights="int8") or "")

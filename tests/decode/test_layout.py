@@ -191,3 +191,20 @@ def test_steps_are_narrowed_only_where_rows_cost(tiny_yue2, tiny_config):
     assert StepLayout(wide, weights="int8").narrow_pays
     if torch.backends.mkldnn.is_available():
         assert not StepLayout(wide).narrow_pays
+
+
+def test_the_packed_prefill_gives_each_row_what_it_gives_the_row_alone(tiny_yue2):
+    """Packed (padding skipped), a row's encoder states equal its own unpadded pass; a row of
+    padding only is skipped, not an error."""
+    from tests.tiny_models import varied_inputs
+
+    ids, mask = varied_inputs(vocab=tiny_yue2.config.vocab_size)
+    mask[2] = 0  # this row has no real token
+    layout = StepLayout(tiny_yue2)
+    with torch.inference_mode():
+        got = tiny_yue2.encode(ids, mask, layout=layout)
+        for row in (0, 1, 3):
+            n = int(mask[row].sum())
+            alone = tiny_yue2.encode(ids[row : row + 1, :n], layout=layout)
+            torch.testing.assert_close(got.hidden[row, :n], alone.hidden[0], rtol=1e-5, atol=1e-5)
+    assert not got.hidden[2].any()

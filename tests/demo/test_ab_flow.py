@@ -49,6 +49,7 @@ def test_the_documented_ab_flow_runs_and_reports_per_eval_set(tmp_path: Path) ->
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
+    env["YUE2_COMPILE"] = "0"  # no C++ build at the workers' start (tests/decode/test_compiled.py covers it)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # the venv's `yue2`
     run = subprocess.run([sys.executable, "-c", RUNNER, str(script), str(work)], cwd=work, env=env,
                          capture_output=True, text=True, timeout=600)

@@ -70,6 +70,7 @@ def test_a_stopped_demo_leaves_no_process_and_no_directory(argv: list[str], mark
                                                            to_group: bool, tmp_path: Path) -> None:
     log = tmp_path / "out.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("YUE2_")}
+    env["YUE2_COMPILE"] = "0"  # no C++ build at the workers' start (tests/decode/test_compiled.py covers it)
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True,  # its own session: every process it starts is in it
                             preexec_fn=_as_a_foreground_job)

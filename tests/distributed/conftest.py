@@ -122,6 +122,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             "YUE2_RECONCILE_GRACE_S": "2",
             "YUE2_BATCH_FLUSH_MS": "50",
             "YUE2_TORCH_THREADS": "1",
+            "YUE2_COMPILE": "0",  # a swap would otherwise build the new version's C++ step (about a minute)
             "YUE2_WATCHDOG_INTERVAL_S": "1",
             "OMP_NUM_THREADS": "1",
         }

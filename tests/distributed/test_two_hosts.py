@@ -43,7 +43,7 @@ from yue2_jobs.jobs.reconciler import holder
 from yue2_jobs.model.checkpoint import verify_checkpoint_dir
 
 pytestmark = pytest.mark.slow
-LINES = 2000
+LINES = 4000  # long enough that the swap, the failover and the dead host all land mid-batch (the decoder got faster)
 A_BASE, A_LEGAL, B_BASE = "base-cpu0@host-a", "legal-cpu0@host-a", "base-cpu0@host-b"
 
 

@@ -28,7 +28,9 @@ import hashlib
 import json
 import logging
 import os
+import platform
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, fields
@@ -213,8 +215,10 @@ def _shape_name(shape: StepShape) -> str:
 
 
 def _key_base(model: Yue2ForConditionalGeneration) -> dict[str, Any]:
-    """What a package depends on besides its shape: torch, the CPU, how inductor builds, the
-    config, the weights."""
+    """What a package depends on besides its shape: torch, the CPU (its model and instruction
+    flags: inductor compiles for the build machine's, and a package loaded on a CPU without them
+    dies of SIGILL, which nothing can catch), how inductor builds, the code it traced, the config
+    and the weights."""
     digest = hashlib.sha256()
     state = model.state_dict()
     for name in sorted(state):
@@ -223,9 +227,29 @@ def _key_base(model: Yue2ForConditionalGeneration) -> dict[str, Any]:
         digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     if model.draft_vocab is not None:
         digest.update(model.draft_vocab.numpy().tobytes())
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "inductor": INDUCTOR_CONFIGS,
+    return {"torch": torch.__version__, "cpu": _cpu_identity(), "inductor": INDUCTOR_CONFIGS, "code": _code_digest(),
             "config": model.config.to_json_string(use_diff=False), "weights": digest.hexdigest(),
             "generation": model.generation_config.to_json_string(use_diff=False)}
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and instruction flags (Linux), else what torch and platform say."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    lines = [ln for ln in info.splitlines() if ln.startswith(("model name", "flags"))][:2]
+    seen = "\n".join(lines) or platform.processor() or platform.machine()
+    return hashlib.sha256(f"{torch.backends.cpu.get_cpu_capability()}\n{seen}".encode()).hexdigest()[:16]
+
+
+def _code_digest() -> str:
+    """The source of every module whose code a package traced: a new release of them builds anew."""
+    digest = hashlib.sha256()
+    for name in ("yue2_jobs.decode.engine", "yue2_jobs.decode.rows", "yue2_jobs.decode.sampling",
+                 "yue2_jobs.model.modeling_yue2", __name__):  # all imported by now (this module imports them)
+        digest.update(Path(sys.modules[name].__file__ or "").read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _example_step(model: Yue2ForConditionalGeneration, shape: StepShape) -> tuple[Any, ...]:
@@ -276,16 +300,23 @@ def _calibrated(path: Path, model: Yue2ForConditionalGeneration, shape: StepShap
     if path.exists():
         return int(json.loads(path.read_text())["max_rows"])
     layout = StepLayout(model)
+
+    def eager_step(rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], _kv: Any, span: int) -> None:
+        # As the loops step it: narrowed to the drafts the rows hold where that pays (`loop.py`).
+        narrowed = shape.narrowed(int(rows.n_drafts.max())) if layout.narrow_pays else shape
+        engine_step(model, rows, enc, caches, layout=layout, shape=narrowed, span=span)
+
     best = 0
     for a in CALIBRATION_ROWS:
-        eager = _step_seconds(model, shape, a, lambda *args: engine_step(model, *args[:3], layout=layout,
-                                                                          shape=shape, span=args[4]))
+        eager = _step_seconds(model, shape, a, eager_step)
         package = _step_seconds(model, shape, a, lambda rows, enc, caches, _kv, span: _call(
             runner, rows, enc, caches, span))
         if package >= eager:
             break
         best = a
-    path.write_text(json.dumps({"max_rows": best, "shape": _shape_name(shape)}) + "\n")
+    part = path.with_name(f".{path.name}.{os.getpid()}")  # written aside, then moved in whole
+    part.write_text(json.dumps({"max_rows": best, "shape": _shape_name(shape)}) + "\n")
+    os.replace(part, path)
     return best
 
 

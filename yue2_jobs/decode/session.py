@@ -138,7 +138,7 @@ class DecodeSession:
                                  min_accept_prob=min_accept_prob)
 
     def compile_steps(self) -> CompiledSteps | None:
-        """Compile the CPU step and prefill ahead of time (`Steps.compile`): built once per
+        """Compile the CPU step ahead of time (`Steps.compile`; the prefill stays eager): built once per
         checkpoint version and cached on disk, used by `generate` and the engines from then on.
         None, with a log line saying why, where it is not available (`YUE2_COMPILE=0`, not the
         CPU, not float32, no C++ compiler, a build that failed): decoding stays eager."""

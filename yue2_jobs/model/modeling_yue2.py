@@ -230,8 +230,9 @@ class Yue2EncoderLayer(nn.Module):
         for the (B, S) = `batch` grid; or packed: x (N, C) holds only the real tokens, row after
         row, `lengths` of them per row. Packed, every product, norm and activation runs on real
         tokens only and each row attends over its own tokens (a padded batch of summaries is
-        mostly padding, and attention costs the square of its length); a row's result is the
-        same either way (masked keys add exact zeros)."""
+        mostly padding, and attention costs the square of its length). A row's result is the
+        same either way to rounding (tests/decode/test_layout.py), and the golden outputs
+        (tests/decode/test_engine.py) are unchanged."""
         c = x.shape[1]
         attn, ln1, ln2, ffn = self.self_attn, self.self_attn_layer_norm, self.final_layer_norm, self.ffn
         qkv = layout.linear(x, attn.qkv_proj)  # (N, 3C)
@@ -241,9 +242,11 @@ class Yue2EncoderLayer(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(b * s, c)
         else:
             y = torch.empty_like(x)  # (N, C)
-            for row, n in zip(qkv.split(lengths), y.split(lengths), strict=True):
-                q, k, v = row.view(1, -1, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4).unbind(0)
-                n.copy_(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, c))
+            for row, n, length in zip(qkv.split(lengths), y.split(lengths), lengths, strict=True):
+                if length == 0:  # a row of padding only: nothing to attend from
+                    continue
+                q, k, v = row.view(1, length, 3, attn.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+                n.copy_(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(length, c))
         x = F.layer_norm(x + layout.linear(y, attn.out_proj), (c,), ln1.weight, ln1.bias, ln1.eps)
         h = ffn.act(layout.linear(x, ffn.fc1))  # (N, F)
         return F.layer_norm(x + layout.linear(h, ffn.fc2), (c,), ln2.weight, ln2.bias, ln2.eps)
@@ -519,7 +522,9 @@ class Yue2ForConditionalGeneration(Yue2PreTrainedModel):
         b, s = input_ids.shape
         c = self.config.d_model
         ln = self.encoder_layernorm_embedding
-        tokens = None if mask is None else keep.reshape(-1).nonzero().squeeze(1)  # (N,) flat positions
+        # Packed on the CPU only: a row-by-row attention loop and a host read would cost a GPU more.
+        packed = mask is not None and input_ids.device.type == "cpu"
+        tokens = keep.reshape(-1).nonzero().squeeze(1) if packed else None  # (N,) flat positions
         flat = input_ids.reshape(-1) if tokens is None else input_ids.reshape(-1).index_select(0, tokens)
         at = torch.arange(b * s, device=input_ids.device) if tokens is None else tokens
         x = self._embed_tokens(flat) + self.encoder_embed_positions.weight[at % s + POSITION_OFFSET]  # (N, C)
