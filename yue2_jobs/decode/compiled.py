@@ -301,7 +301,7 @@ def _calibrated(path: Path, model: Yue2ForConditionalGeneration, shape: StepShap
         return int(json.loads(path.read_text())["max_rows"])
     layout = StepLayout(model)
 
-    def eager_step(rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], _kv: Any, span: int) -> None:
+    def eager_step(rows: Rows, enc: Yue2EncoderState, caches: list[Yue2KVCache], span: int) -> None:
         # As the loops step it: narrowed to the drafts the rows hold where that pays (`loop.py`).
         narrowed = shape.narrowed(int(rows.n_drafts.max())) if layout.narrow_pays else shape
         engine_step(model, rows, enc, caches, layout=layout, shape=narrowed, span=span)
@@ -309,7 +309,7 @@ def _calibrated(path: Path, model: Yue2ForConditionalGeneration, shape: StepShap
     best = 0
     for a in CALIBRATION_ROWS:
         eager = _step_seconds(model, shape, a, eager_step)
-        package = _step_seconds(model, shape, a, lambda rows, enc, caches, _kv, span: _call(
+        package = _step_seconds(model, shape, a, lambda rows, enc, caches, span: _call(
             runner, rows, enc, caches, span))
         if package >= eager:
             break
@@ -339,7 +339,7 @@ def _step_seconds(model: Yue2ForConditionalGeneration, shape: StepShape, a: int,
         caches = model.new_caches(batch_size=a, max_len=total + k + 1)
         start, reach = time.perf_counter(), 0
         for _ in range(12):
-            step(rows, enc, caches, None, min(total + k + 1, reach + shape.width))
+            step(rows, enc, caches, min(total + k + 1, reach + shape.width))
             reach += shape.width
         runs.append(time.perf_counter() - start)
     return min(runs) / 12
